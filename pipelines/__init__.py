@@ -1,0 +1,1 @@
+"""Stage logic for realloop: plain, typed functions that never import the orchestrator."""

@@ -1,0 +1,107 @@
+"""params.yaml, loaded once into frozen, validated dataclasses.
+
+Every stage reads its section from the object `load_params` returns; nothing keeps its own
+copy of a default. Unknown or missing keys are errors, so a typo cannot silently fall back.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from pydantic import ConfigDict, TypeAdapter, ValidationError
+from pydantic.dataclasses import dataclass
+
+_STRICT = ConfigDict(extra="forbid")
+DEFAULT_PARAMS = Path("params.yaml")
+
+
+class ParamsError(ValueError):
+    """params.yaml cannot be used; the message names the file and the key."""
+
+
+@dataclass(frozen=True, config=_STRICT)
+class SafetyParams:
+    joint_limit_m: float
+    speed_mps: float
+    contact_force_n: float
+
+
+@dataclass(frozen=True, config=_STRICT)
+class CellParams:
+    cell_id: str
+    robot_serial: str
+    sensor_calibration_id: str
+    control_hz: int
+    max_steps: int
+    success_tolerance_m: float
+    settle_speed_mps: float
+    max_speed_mps: float
+    safety: SafetyParams
+
+    @property
+    def dt(self) -> float:
+        return 1.0 / self.control_hz
+
+
+@dataclass(frozen=True, config=_STRICT)
+class RandomizationParams:
+    friction: tuple[float, float]
+    part_mass_kg: tuple[float, float]
+    joint_damping: tuple[float, float]
+    pose_noise_m: tuple[float, float]
+    latency_steps: tuple[int, int]
+
+
+@dataclass(frozen=True, config=_STRICT)
+class PretrainParams:
+    seed: int
+    demo_episodes: int
+    dagger_rounds: int
+    dagger_episodes: int
+    epochs: int
+    batch_size: int
+    learning_rate: float
+    hidden: tuple[int, ...]
+    out: str
+    randomization: RandomizationParams
+
+
+@dataclass(frozen=True, config=_STRICT)
+class OperatorParams:
+    takeover_angle_deg: float
+    takeover_after_steps: int
+    hold_steps: int
+
+
+@dataclass(frozen=True, config=_STRICT)
+class RecordParams:
+    episodes_per_file: int
+    max_file_bytes: int
+    capture_window_steps: int
+    low_confidence: float
+    operator: OperatorParams
+
+
+@dataclass(frozen=True, config=_STRICT)
+class Params:
+    cell: CellParams
+    pretrain: PretrainParams
+    record: RecordParams
+
+
+def load_params(path: str | Path = DEFAULT_PARAMS) -> Params:
+    """Read params.yaml into `Params`; raise ParamsError with a one-line reason."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ParamsError(f"{path}: file not found; pass --params PATH") from None
+    except yaml.YAMLError as exc:
+        raise ParamsError(f"{path}: not valid YAML ({exc.__class__.__name__})") from None
+    try:
+        return TypeAdapter(Params).validate_python(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "<top>"
+        raise ParamsError(f"{path}: {where}: {first['msg']}") from None

@@ -1,0 +1,116 @@
+"""The policy network, and its storage as safetensors weights plus a JSON config.
+
+No pickle anywhere: a model folder holds `model.safetensors` and `config.json`, and loading
+one builds the network from the config and copies tensors in, so nothing in the folder can
+run code.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from pipelines.schema import ACTION_FIELDS, ACTION_SIZE, OBS_FIELDS, OBS_SIZE
+
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+FEATURE_SIZE = 11
+
+
+@dataclass
+class PolicyConfig:
+    hidden: list[int] = field(default_factory=lambda: [128, 128])
+    version: str = "sim-0"
+    observation: list[str] = field(default_factory=lambda: list(OBS_FIELDS))
+    action: list[str] = field(default_factory=lambda: list(ACTION_FIELDS))
+    trained_on: dict = field(default_factory=dict)  # provenance: world, seed, dataset version
+
+
+class PolicyNet(nn.Module):
+    """MLP on relative features: what the pusher must do depends on where things are
+    relative to each other, not on absolute table coordinates."""
+
+    def __init__(self, config: PolicyConfig):
+        super().__init__()
+        self.config = config
+        layers: list[nn.Module] = []
+        width = FEATURE_SIZE
+        for hidden in config.hidden:
+            layers += [nn.Linear(width, hidden), nn.Tanh()]
+            width = hidden
+        layers += [nn.Linear(width, ACTION_SIZE), nn.Tanh()]
+        self.mlp = nn.Sequential(*layers)
+
+    @staticmethod
+    def features(obs: torch.Tensor) -> torch.Tensor:
+        pusher, velocity = obs[..., 0:2], obs[..., 2:4]
+        part, yaw, confidence = obs[..., 4:6], obs[..., 6:7], obs[..., 7:8]
+        target, last_action = obs[..., 8:10], obs[..., 10:12]
+        to_part = (part - pusher) * 10.0  # decimetres keep the inputs near unit scale
+        to_target = (target - part) * 10.0
+        return torch.cat(
+            [to_part, to_target, velocity * 4.0, confidence, last_action,
+             torch.sin(4 * yaw), torch.cos(4 * yaw)],
+            dim=-1,
+        )  # fmt: skip
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.mlp(self.features(obs))
+
+
+class Policy:
+    """A loaded policy: `act(obs)` for one observation, as the cell's controller."""
+
+    def __init__(self, net: PolicyNet, path: Path | None = None):
+        self.net = net.eval()
+        self.path = path
+        self.name = net.config.version
+
+    @torch.inference_mode()
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        return self.net(torch.from_numpy(obs)).numpy().astype(float)
+
+
+def save_policy(net: PolicyNet, folder: str | Path) -> Path:
+    """Write weights and config; the folder appears complete or not at all."""
+    folder = Path(folder)
+    staging = folder.with_name(folder.name + ".partial")
+    staging.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in net.state_dict().items()}, staging / WEIGHTS_FILE)
+    (staging / CONFIG_FILE).write_text(json.dumps(asdict(net.config), indent=2) + "\n")
+    if folder.exists():
+        _replace_dir(staging, folder)
+    else:
+        staging.rename(folder)
+    return folder
+
+
+def load_policy(folder: str | Path) -> Policy:
+    folder = Path(folder)
+    config_path, weights_path = folder / CONFIG_FILE, folder / WEIGHTS_FILE
+    for path in (config_path, weights_path):
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: missing; a policy folder holds {CONFIG_FILE} "
+                                    f"and {WEIGHTS_FILE}")  # fmt: skip
+    raw = json.loads(config_path.read_text())
+    config = PolicyConfig(**raw)
+    if config.observation != list(OBS_FIELDS):
+        raise ValueError(f"{config_path}: observation fields differ from this cell's {OBS_SIZE}")
+    net = PolicyNet(config)
+    net.load_state_dict(load_file(weights_path))
+    return Policy(net, folder)
+
+
+def _replace_dir(new: Path, old: Path) -> None:
+    trash = old.with_name(old.name + ".old")
+    old.rename(trash)
+    new.rename(old)
+    for child in trash.iterdir():
+        child.unlink()
+    trash.rmdir()

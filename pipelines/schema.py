@@ -1,0 +1,70 @@
+"""The data contract: the observation a policy sees and the canonical dataset tables.
+
+docs/data-contract.md is the prose reference for this module; change them together.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+# What a policy observes each control step, in this order (metres, m/s, radians).
+OBS_FIELDS = (
+    "joint_x", "joint_y", "joint_vx", "joint_vy",
+    "part_x", "part_y", "part_yaw", "confidence",
+    "target_x", "target_y", "last_action_x", "last_action_y",
+)  # fmt: skip
+OBS_SIZE = len(OBS_FIELDS)
+# Normalised velocity command per gantry axis, in [-1, 1] of the cell's max speed.
+ACTION_FIELDS = ("velocity_x", "velocity_y")
+ACTION_SIZE = len(ACTION_FIELDS)
+JOINT_NAMES = ("gantry_x", "gantry_y")
+
+
+def _vector(size: int) -> pa.DataType:
+    return pa.list_(pa.float32(), size)
+
+
+EPISODES_SCHEMA = pa.schema(
+    [
+        pa.field("episode_id", pa.string(), nullable=False),
+        pa.field("cell_id", pa.string(), nullable=False),
+        pa.field("robot_serial", pa.string(), nullable=False),
+        pa.field("policy_version", pa.string(), nullable=False),
+        pa.field("sensor_calibration_id", pa.string(), nullable=False),
+        pa.field("software_version", pa.string(), nullable=False),
+        pa.field("source_uri", pa.string(), nullable=False),
+        pa.field("source_sha256", pa.string(), nullable=False),
+        pa.field("source_chunk", pa.string()),  # byte range of the episode in the source file
+        pa.field("ingest_run_id", pa.string(), nullable=False),
+        pa.field("ingested_at", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("realloop_version", pa.string(), nullable=False),
+        pa.field("start_time", pa.timestamp("ns", tz="UTC"), nullable=False),
+        pa.field("target", _vector(2), nullable=False),
+        pa.field("part_extent_m", _vector(2)),
+        pa.field("success", pa.bool_(), nullable=False),
+        pa.field("failure_cause", pa.string()),  # as the cell reports it: timeout, part_lost, ...
+        pa.field("safety_stops", pa.int32(), nullable=False),
+        pa.field("safety_stop_kind", pa.string()),
+        pa.field("interventions", pa.int32(), nullable=False),
+        pa.field("steps", pa.int32(), nullable=False),
+        pa.field("cycle_time_s", pa.float32(), nullable=False),
+        pa.field("edge_case", pa.bool_(), nullable=False),
+        pa.field("edge_case_reasons", pa.list_(pa.string())),
+        pa.field("attachments", pa.list_(pa.string())),  # sha256 of content-addressed files
+    ]
+)
+
+STEPS_SCHEMA = pa.schema(
+    [
+        pa.field("episode_id", pa.string(), nullable=False),
+        pa.field("step", pa.int32(), nullable=False),
+        pa.field("time_s", pa.float64(), nullable=False),  # since episode start
+        pa.field("joint_position", _vector(2), nullable=False),
+        pa.field("joint_velocity", _vector(2), nullable=False),
+        pa.field("part_pose", _vector(3), nullable=False),  # perceived x, y, yaw
+        pa.field("part_confidence", pa.float32(), nullable=False),
+        pa.field("action", _vector(ACTION_SIZE), nullable=False),  # commanded, normalised
+        pa.field("intervention", pa.bool_(), nullable=False),
+        pa.field("corrected_action", _vector(ACTION_SIZE)),  # operator's, on interventions
+    ]
+)

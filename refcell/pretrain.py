@@ -1,0 +1,65 @@
+"""Sim pretraining: behaviour cloning from the expert, then DAgger rounds, all in a
+domain-randomized sim. The result is the sim policy the line will humble."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from pipelines.params import CellParams, PretrainParams
+from pipelines.policy import Policy, PolicyConfig, PolicyNet
+from pipelines.train import EpochMetrics, fit, seed_everything
+from refcell.cell import Cell
+from refcell.expert import Expert
+from refcell.runner import Controller, StepRecord, run_episode
+from refcell.world import World, randomized
+
+Progress = Callable[[str, int, int], None]  # (phase, done, total)
+
+
+def collect_labelled(
+    cell: Cell, controller: Controller, params: PretrainParams, first_episode: int,
+    episodes: int, progress: Progress | None = None, phase: str = "",
+) -> tuple[np.ndarray, np.ndarray, float]:  # fmt: skip
+    """Run `controller` in randomized sim; label every visited state with the expert."""
+    observations, labels, successes = [], [], 0
+
+    def keep(_cell: Cell, record: StepRecord) -> None:
+        observations.append(record.observation)
+        labels.append(record.expert)
+
+    for offset in range(episodes):
+        index = first_episode + offset
+        world = randomized(cell.world, params.randomization, np.random.default_rng([params.seed, index]))
+        result = run_episode(cell, controller, params.seed, index, episodes, world=world,
+                             observers=(keep,), label_with_expert=True)  # fmt: skip
+        successes += result.success
+        if progress:
+            progress(phase, offset + 1, episodes)
+    return np.stack(observations), np.stack(labels), successes / max(episodes, 1)
+
+
+def pretrain(
+    sim_world: World, cell_params: CellParams, params: PretrainParams,
+    progress: Progress | None = None, on_epoch: Callable[[EpochMetrics], None] | None = None,
+) -> PolicyNet:  # fmt: skip
+    seed_everything(params.seed)
+    net = PolicyNet(PolicyConfig(hidden=list(params.hidden), version="sim-0",
+                                 trained_on={"world": "sim", "seed": params.seed}))  # fmt: skip
+    cell = Cell(sim_world, cell_params)
+    obs, labels, _ = collect_labelled(cell, Expert(), params, 0, params.demo_episodes,
+                                      progress, "expert demos")  # fmt: skip
+    train = dict(batch_size=params.batch_size, learning_rate=params.learning_rate, seed=params.seed)
+    fit(net, obs, labels, epochs=params.epochs, on_epoch=on_epoch, **train)
+    for round_ in range(params.dagger_rounds):
+        first = params.demo_episodes + round_ * params.dagger_episodes
+        new_obs, new_labels, rate = collect_labelled(
+            cell, Policy(net), params, first, params.dagger_episodes, progress,
+            f"dagger {round_ + 1}/{params.dagger_rounds}",
+        )  # fmt: skip
+        obs, labels = np.concatenate([obs, new_obs]), np.concatenate([labels, new_labels])
+        net.config.trained_on[f"dagger_{round_ + 1}_success"] = rate
+        fit(net, obs, labels, epochs=max(params.epochs // 2, 1), on_epoch=on_epoch, **train)
+    net.config.trained_on["samples"] = len(obs)
+    return net

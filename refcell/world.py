@@ -1,0 +1,127 @@
+"""World parameters: how `sim` and `line` differ, and the per-episode draws from them."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import yaml
+from pydantic import ConfigDict, TypeAdapter
+from pydantic.dataclasses import dataclass
+
+WORLDS_DIR = Path(__file__).parent / "worlds"
+WORLD_NAMES = ("sim", "line")
+_STRICT = ConfigDict(extra="forbid")
+
+
+@dataclass(frozen=True, config=_STRICT)
+class Physics:
+    friction: float
+    part_mass_kg: float
+    joint_damping: float
+
+
+@dataclass(frozen=True, config=_STRICT)
+class Sensors:
+    joint_position_noise_m: float
+    joint_velocity_noise_mps: float
+
+
+@dataclass(frozen=True, config=_STRICT)
+class Perception:
+    pose_noise_m: float
+    yaw_noise_rad: float
+    bias_x_m: float
+    bias_y_m: float
+    bias_drift_x_m: float
+    bias_drift_y_m: float
+    confidence_base: float
+    confidence_drop: float
+    confidence_noise: float
+
+
+@dataclass(frozen=True, config=_STRICT)
+class Lighting:
+    amplitude: float
+
+
+@dataclass(frozen=True, config=_STRICT)
+class Latency:
+    steps: dict[int, float]
+    load_extra_steps: int
+    load_fraction: float
+
+
+@dataclass(frozen=True, config=_STRICT)
+class PartVariant:
+    name: str
+    shape: str  # "cylinder" (size = radius) or "box" (size = half side)
+    size_m: float
+    mass_scale: float
+    probability: float
+
+
+@dataclass(frozen=True, config=_STRICT)
+class World:
+    physics: Physics
+    sensors: Sensors
+    perception: Perception
+    lighting: Lighting
+    latency: Latency
+    parts: tuple[PartVariant, ...]
+
+
+def load_world(name_or_path: str | Path) -> World:
+    """Load `sim`, `line`, or a world YAML file with the same keys."""
+    path = WORLDS_DIR / f"{name_or_path}.yaml" if name_or_path in WORLD_NAMES else Path(name_or_path)
+    return TypeAdapter(World).validate_python(yaml.safe_load(path.read_text()))
+
+
+def world_as_dict(world: World) -> dict:
+    return dataclasses.asdict(world)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShiftConditions:
+    """What changes over a shift: lighting drifts, load comes and goes."""
+
+    lighting: float  # 0 = as calibrated, 1 = worst drift
+    under_load: bool
+
+
+def shift_conditions(world: World, episode_index: int, shift_episodes: int) -> ShiftConditions:
+    """Lighting rises and falls once over a shift; load arrives for a block after a quarter."""
+    phase = (episode_index % shift_episodes) / max(shift_episodes, 1)
+    lighting = world.lighting.amplitude * 0.5 * (1.0 - np.cos(2.0 * np.pi * phase))
+    under_load = 0.25 <= phase < 0.25 + world.latency.load_fraction
+    return ShiftConditions(lighting=float(lighting), under_load=under_load)
+
+
+def draw_part(world: World, rng: np.random.Generator) -> PartVariant:
+    weights = np.array([p.probability for p in world.parts], dtype=float)
+    return world.parts[int(rng.choice(len(world.parts), p=weights / weights.sum()))]
+
+
+def draw_latency(world: World, conditions: ShiftConditions, rng: np.random.Generator) -> int:
+    steps = list(world.latency.steps)
+    probs = np.array([world.latency.steps[s] for s in steps], dtype=float)
+    delay = int(steps[int(rng.choice(len(steps), p=probs / probs.sum()))])
+    return delay + (world.latency.load_extra_steps if conditions.under_load else 0)
+
+
+def randomized(world: World, ranges, rng: np.random.Generator) -> World:
+    """A domain-randomized copy of `world`: each range in `ranges` redrawn uniformly."""
+    lo_hi = lambda key: getattr(ranges, key)  # noqa: E731
+    physics = dataclasses.replace(
+        world.physics,
+        friction=float(rng.uniform(*lo_hi("friction"))),
+        part_mass_kg=float(rng.uniform(*lo_hi("part_mass_kg"))),
+        joint_damping=float(rng.uniform(*lo_hi("joint_damping"))),
+    )
+    perception = dataclasses.replace(
+        world.perception, pose_noise_m=float(rng.uniform(*lo_hi("pose_noise_m")))
+    )
+    low, high = lo_hi("latency_steps")
+    latency = dataclasses.replace(world.latency, steps={int(rng.integers(low, high + 1)): 1.0})
+    return dataclasses.replace(world, physics=physics, perception=perception, latency=latency)
