@@ -55,10 +55,17 @@ class PolicyNet(nn.Module):
         to_part = (part - pusher) * 10.0  # decimetres keep the inputs near unit scale
         to_target = (target - part) * 10.0
         return torch.cat(
-            [to_part, to_target, velocity * 4.0, confidence, last_action,
-             torch.sin(4 * yaw), torch.cos(4 * yaw)],
+            [
+                to_part,
+                to_target,
+                velocity * 4.0,
+                confidence,
+                last_action,
+                torch.sin(4 * yaw),
+                torch.cos(4 * yaw),
+            ],
             dim=-1,
-        )  # fmt: skip
+        )
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self.mlp(self.features(obs))
@@ -96,8 +103,9 @@ def load_policy(folder: str | Path) -> Policy:
     config_path, weights_path = folder / CONFIG_FILE, folder / WEIGHTS_FILE
     for path in (config_path, weights_path):
         if not path.is_file():
-            raise FileNotFoundError(f"{path}: missing; a policy folder holds {CONFIG_FILE} "
-                                    f"and {WEIGHTS_FILE}")  # fmt: skip
+            raise FileNotFoundError(
+                f"{path}: missing; a policy folder holds {CONFIG_FILE} and {WEIGHTS_FILE}"
+            )
     raw = json.loads(config_path.read_text())
     config = PolicyConfig(**raw)
     if config.observation != list(OBS_FIELDS):

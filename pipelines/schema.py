@@ -9,10 +9,19 @@ import pyarrow as pa
 
 # What a policy observes each control step, in this order (metres, m/s, radians).
 OBS_FIELDS = (
-    "joint_x", "joint_y", "joint_vx", "joint_vy",
-    "part_x", "part_y", "part_yaw", "confidence",
-    "target_x", "target_y", "last_action_x", "last_action_y",
-)  # fmt: skip
+    "joint_x",
+    "joint_y",
+    "joint_vx",
+    "joint_vy",
+    "part_x",
+    "part_y",
+    "part_yaw",
+    "confidence",
+    "target_x",
+    "target_y",
+    "last_action_x",
+    "last_action_y",
+)
 OBS_SIZE = len(OBS_FIELDS)
 # Normalised velocity command per gantry axis, in [-1, 1] of the cell's max speed.
 ACTION_FIELDS = ("velocity_x", "velocity_y")
@@ -68,3 +77,20 @@ STEPS_SCHEMA = pa.schema(
         pa.field("corrected_action", _vector(ACTION_SIZE)),  # operator's, on interventions
     ]
 )
+
+# How a cell log maps onto the tables (docs/data-contract.md has the field-level mapping).
+TOPIC_JOINT_STATES = "/joint_states"  # sensor_msgs/msg/JointState, control rate
+TOPIC_COMMAND = "/cmd_vel"  # geometry_msgs/msg/TwistStamped, commanded action (m/s)
+TOPIC_PART_POSE = "/part_pose"  # geometry_msgs/msg/PoseStamped, perceived part pose
+TOPIC_PART_CONFIDENCE = "/part_pose/confidence"  # std_msgs/msg/Float32, same log time as pose
+TOPIC_TARGET = "/target_pose"  # geometry_msgs/msg/PoseStamped, once per episode
+TOPIC_EVENTS = "/episode_events"  # std_msgs/msg/String holding one JSON event
+REQUIRED_TOPICS = (
+    TOPIC_JOINT_STATES,
+    TOPIC_COMMAND,
+    TOPIC_PART_POSE,
+    TOPIC_PART_CONFIDENCE,
+    TOPIC_TARGET,
+    TOPIC_EVENTS,
+)
+METADATA_NAME = "realloop.cell"  # MCAP metadata record holding the file's provenance

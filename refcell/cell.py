@@ -74,10 +74,12 @@ class Cell:
         self._base_inertia: dict[str, np.ndarray] = {}
 
     # --- episode lifecycle -------------------------------------------------------------
-    def reset(self, seed: int, episode_index: int, shift_episodes: int,
-              world: World | None = None) -> np.ndarray:  # fmt: skip
+    def reset(
+        self, seed: int, episode_index: int, shift_episodes: int, world: World | None = None
+    ) -> np.ndarray:
         """Start an episode; `world` overrides the cell's world for this episode (sim DR)."""
         self.episode_world = world or self.world
+        self.episode_index = episode_index
         self.rng = {
             name: np.random.default_rng([seed, episode_index, i]) for i, name in enumerate(_STREAMS)
         }
@@ -114,10 +116,17 @@ class Cell:
     def observation(self) -> np.ndarray:
         p = self.perceived
         return np.array(
-            [*p.joint_position, *p.joint_velocity, *p.part_xy, p.part_yaw, p.confidence,
-             *self.target, *self.last_action],
+            [
+                *p.joint_position,
+                *p.joint_velocity,
+                *p.part_xy,
+                p.part_yaw,
+                p.confidence,
+                *self.target,
+                *self.last_action,
+            ],
             dtype=np.float32,
-        )  # fmt: skip
+        )
 
     def true_state(self) -> TrueState:
         d = self.data
@@ -164,8 +173,9 @@ class Cell:
         heading = rng.uniform(0, 2 * np.pi)
         self.target = np.clip(
             part + rng.uniform(0.10, 0.18) * np.array([np.cos(heading), np.sin(heading)]),
-            -0.2, 0.2,
-        )  # fmt: skip
+            -0.2,
+            0.2,
+        )
         while True:  # the gantry starts clear of the part
             pusher = rng.uniform(-0.22, 0.22, size=2)
             if np.linalg.norm(pusher - part) > 0.08:
@@ -180,10 +190,12 @@ class Cell:
         lighting = self.conditions.lighting
         rs, rp = self.rng["sensors"], self.rng["perception"]
         state = self.true_state()
-        bias = np.array([
-            perception.bias_x_m + perception.bias_drift_x_m * lighting,
-            perception.bias_y_m + perception.bias_drift_y_m * lighting,
-        ])  # fmt: skip
+        bias = np.array(
+            [
+                perception.bias_x_m + perception.bias_drift_x_m * lighting,
+                perception.bias_y_m + perception.bias_drift_y_m * lighting,
+            ]
+        )
         confidence = (
             perception.confidence_base
             - perception.confidence_drop * lighting
@@ -218,8 +230,9 @@ class Cell:
         elif force > limits.contact_force_n:
             stop = "contact_force"
         if stop:
-            return StepResult(done=True, safety_stop=stop, failure="safety_stop",
-                              contact_force_n=force)  # fmt: skip
+            return StepResult(
+                done=True, safety_stop=stop, failure="safety_stop", contact_force_n=force
+            )
         if np.any(np.abs(state.part) > PART_LIMIT_M):
             return StepResult(done=True, failure="part_lost", contact_force_n=force)
         settled = np.linalg.norm(state.part_velocity) < self.params.settle_speed_mps
@@ -233,9 +246,7 @@ class Cell:
     def _pusher_contact_force(self) -> float:
         wrench = np.zeros(6)
         biggest = 0.0
-        for i in range(self.data.ncon):
-            contact = self.data.contact[i]
-            mujoco.mj_contactForce(self.model, self.data, i, wrench)  # only pusher-part
+        for i in range(self.data.ncon):  # the pusher-part pair is the only contact there is
+            mujoco.mj_contactForce(self.model, self.data, i, wrench)
             biggest = max(biggest, abs(wrench[0]))
         return biggest
-

@@ -19,9 +19,14 @@ Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
 
 def collect_labelled(
-    cell: Cell, controller: Controller, params: PretrainParams, first_episode: int,
-    episodes: int, progress: Progress | None = None, phase: str = "",
-) -> tuple[np.ndarray, np.ndarray, float]:  # fmt: skip
+    cell: Cell,
+    controller: Controller,
+    params: PretrainParams,
+    first_episode: int,
+    episodes: int,
+    progress: Progress | None = None,
+    phase: str = "",
+) -> tuple[np.ndarray, np.ndarray, float]:
     """Run `controller` in randomized sim; label every visited state with the expert."""
     observations, labels, successes = [], [], 0
 
@@ -31,9 +36,19 @@ def collect_labelled(
 
     for offset in range(episodes):
         index = first_episode + offset
-        world = randomized(cell.world, params.randomization, np.random.default_rng([params.seed, index]))
-        result = run_episode(cell, controller, params.seed, index, episodes, world=world,
-                             observers=(keep,), label_with_expert=True)  # fmt: skip
+        world = randomized(
+            cell.world, params.randomization, np.random.default_rng([params.seed, index])
+        )
+        result = run_episode(
+            cell,
+            controller,
+            params.seed,
+            index,
+            episodes,
+            world=world,
+            observers=(keep,),
+            label_with_expert=True,
+        )
         successes += result.success
         if progress:
             progress(phase, offset + 1, episodes)
@@ -41,23 +56,37 @@ def collect_labelled(
 
 
 def pretrain(
-    sim_world: World, cell_params: CellParams, params: PretrainParams,
-    progress: Progress | None = None, on_epoch: Callable[[EpochMetrics], None] | None = None,
-) -> PolicyNet:  # fmt: skip
+    sim_world: World,
+    cell_params: CellParams,
+    params: PretrainParams,
+    progress: Progress | None = None,
+    on_epoch: Callable[[EpochMetrics], None] | None = None,
+) -> PolicyNet:
     seed_everything(params.seed)
-    net = PolicyNet(PolicyConfig(hidden=list(params.hidden), version="sim-0",
-                                 trained_on={"world": "sim", "seed": params.seed}))  # fmt: skip
+    net = PolicyNet(
+        PolicyConfig(
+            hidden=list(params.hidden),
+            version="sim-0",
+            trained_on={"world": "sim", "seed": params.seed},
+        )
+    )
     cell = Cell(sim_world, cell_params)
-    obs, labels, _ = collect_labelled(cell, Expert(), params, 0, params.demo_episodes,
-                                      progress, "expert demos")  # fmt: skip
+    obs, labels, _ = collect_labelled(
+        cell, Expert(), params, 0, params.demo_episodes, progress, "expert demos"
+    )
     train = dict(batch_size=params.batch_size, learning_rate=params.learning_rate, seed=params.seed)
     fit(net, obs, labels, epochs=params.epochs, on_epoch=on_epoch, **train)
     for round_ in range(params.dagger_rounds):
         first = params.demo_episodes + round_ * params.dagger_episodes
         new_obs, new_labels, rate = collect_labelled(
-            cell, Policy(net), params, first, params.dagger_episodes, progress,
+            cell,
+            Policy(net),
+            params,
+            first,
+            params.dagger_episodes,
+            progress,
             f"dagger {round_ + 1}/{params.dagger_rounds}",
-        )  # fmt: skip
+        )
         obs, labels = np.concatenate([obs, new_obs]), np.concatenate([labels, new_labels])
         net.config.trained_on[f"dagger_{round_ + 1}_success"] = rate
         fit(net, obs, labels, epochs=max(params.epochs // 2, 1), on_epoch=on_epoch, **train)

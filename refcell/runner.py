@@ -81,7 +81,9 @@ class Operator:
         if self.holding > 0:
             self.holding -= 1
             return corrected
-        self.disagreeing = self.disagreeing + 1 if _disagree(proposed, corrected, self.cos_limit) else 0
+        self.disagreeing = (
+            self.disagreeing + 1 if _disagree(proposed, corrected, self.cos_limit) else 0
+        )
         if self.disagreeing >= self.params.takeover_after_steps:
             self.disagreeing = 0
             self.holding = self.params.hold_steps - 1
@@ -132,8 +134,9 @@ def run_episode(
         label = labeller.act(cell.true_state()) if labeller else None
         commanded = np.clip(corrected if intervening else proposed, -1.0, 1.0)
         result = cell.step(commanded)
-        record = StepRecord(cell.step_index - 1, time_s, obs, commanded, intervening,
-                            corrected, label, result)  # fmt: skip
+        record = StepRecord(
+            cell.step_index - 1, time_s, obs, commanded, intervening, corrected, label, result
+        )
         for observe in observers:
             observe(cell, record)
         if result.done:
@@ -180,9 +183,10 @@ def summarize(results: list[EpisodeResult]) -> dict:
         "intervention_steps": sum(r.intervention_steps for r in results),
         "mean_cycle_time_s": float(np.mean([r.cycle_time_s for r in results])) if n else 0.0,
         "p95_cycle_time_s": float(np.percentile([r.cycle_time_s for r in results], 95))
-        if n else 0.0,
+        if n
+        else 0.0,
         "failures": _count(r.failure for r in results if r.failure),
-    }  # fmt: skip
+    }
 
 
 def _count(items) -> dict[str, int]:

@@ -74,7 +74,9 @@ class World:
 
 def load_world(name_or_path: str | Path) -> World:
     """Load `sim`, `line`, or a world YAML file with the same keys."""
-    path = WORLDS_DIR / f"{name_or_path}.yaml" if name_or_path in WORLD_NAMES else Path(name_or_path)
+    path = (
+        WORLDS_DIR / f"{name_or_path}.yaml" if name_or_path in WORLD_NAMES else Path(name_or_path)
+    )
     return TypeAdapter(World).validate_python(yaml.safe_load(path.read_text()))
 
 

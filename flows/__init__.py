@@ -1,0 +1,1 @@
+"""Prefect flows and the `realloop` command line: thin wiring around pipelines/."""

@@ -1,0 +1,226 @@
+"""`realloop cell ...`: the reference cell, for pretraining, evaluation and recording."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from flows.console import CommandError, emit, fails_cleanly, progress_bar, stdout
+
+app = typer.Typer(
+    help="The reference cell: pretrain in sim, evaluate, record line logs.", no_args_is_help=True
+)
+
+ParamsOpt = Annotated[Path, typer.Option("--params", help="params.yaml to read")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output on stdout")]
+PolicyOpt = Annotated[str, typer.Option("--policy", help="sim, expert, or a policy folder")]
+
+
+def resolve_controller(policy: str, params_path: Path):
+    """`expert`, `sim` (params' pretrain.out) or a folder holding a saved policy."""
+    from pipelines.params import load_params
+
+    if policy == "expert":
+        from refcell.expert import Expert
+
+        return Expert()
+    from pipelines.policy import load_policy
+
+    folder = Path(load_params(params_path).pretrain.out) if policy == "sim" else Path(policy)
+    if not (folder / "config.json").is_file():
+        hint = "run `realloop cell pretrain`" if policy == "sim" else "pass a policy folder"
+        raise CommandError(f"{folder}: no policy there ({hint})")
+    return load_policy(folder)
+
+
+@app.command()
+@fails_cleanly
+def pretrain(
+    params_path: ParamsOpt = Path("params.yaml"),
+    out: Annotated[Path | None, typer.Option(help="overrides pretrain.out")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Behaviour cloning + DAgger in the domain-randomized sim; writes the sim policy."""
+    from pipelines.params import load_params
+    from pipelines.policy import save_policy
+    from refcell.pretrain import pretrain as run_pretrain
+    from refcell.world import load_world
+
+    params = load_params(params_path)
+    with progress_bar(not as_json) as update:
+        net = run_pretrain(load_world("sim"), params.cell, params.pretrain, progress=update)
+    folder = save_policy(net, out or Path(params.pretrain.out))
+    payload = {"policy": str(folder), "version": net.config.version, **net.config.trained_on}
+    emit(payload, as_json, lambda p: stdout.print(f"sim policy written to {p['policy']}"))
+
+
+@app.command("eval")
+@fails_cleanly
+def evaluate(
+    policy: PolicyOpt = "sim",
+    world: Annotated[str, typer.Option(help="sim or line")] = "sim",
+    episodes: Annotated[int, typer.Option(min=1)] = 200,
+    seed: int = 1000,
+    interventions: Annotated[bool, typer.Option(help="let the operator take over")] = False,
+    params_path: ParamsOpt = Path("params.yaml"),
+    as_json: JsonOpt = False,
+) -> None:
+    """Run N episodes and report success, safety stops, interventions and cycle time."""
+    payload = run_eval(policy, world, episodes, seed, interventions, params_path, progress=True)
+    emit(payload, as_json, _print_eval)
+
+
+def run_eval(
+    policy: str,
+    world: str,
+    episodes: int,
+    seed: int,
+    interventions: bool,
+    params_path: Path,
+    progress: bool = False,
+) -> dict:
+    from pipelines.params import load_params
+    from refcell.runner import Operator, run_episodes, summarize
+    from refcell.world import WORLD_NAMES, load_world
+
+    if world not in WORLD_NAMES:
+        raise CommandError(f"--world {world}: unknown world; use one of {', '.join(WORLD_NAMES)}")
+    params = load_params(params_path)
+    controller = resolve_controller(policy, params_path)
+    operator = Operator(params.record.operator) if interventions else None
+    results = []
+    with progress_bar(progress) as update:
+        for result in run_episodes(
+            load_world(world), params.cell, controller, episodes, seed, operator
+        ):
+            results.append(result)
+            update(f"{policy} on {world}", len(results), episodes)
+    return {"policy": policy, "world": world, "seed": seed, **summarize(results)}
+
+
+def _print_eval(p: dict) -> None:
+    stdout.print(
+        f"{p['policy']} on {p['world']}: success {p['success_rate']:.1%} of {p['episodes']}, "
+        f"safety stops {p['safety_stops']}, interventions {p['interventions']}, "
+        f"mean cycle {p['mean_cycle_time_s']:.2f} s"
+    )
+
+
+@app.command()
+@fails_cleanly
+def record(
+    out: Annotated[Path, typer.Option(help="landing folder for logs and captures")],
+    policy: PolicyOpt = "sim",
+    episodes: Annotated[int, typer.Option(min=1)] = 100,
+    seed: int = 1,
+    interventions: Annotated[
+        bool, typer.Option(help="operator takes over a failing policy")
+    ] = False,
+    start: Annotated[
+        str | None, typer.Option(help="shift start, ISO 8601 UTC (default now)")
+    ] = None,
+    params_path: ParamsOpt = Path("params.yaml"),
+    as_json: JsonOpt = False,
+) -> None:
+    """Run a policy on the line and write what a real cell writes: MCAP logs and captures."""
+    payload = run_record(policy, episodes, out, seed, interventions, start, params_path, True)
+    emit(
+        payload,
+        as_json,
+        lambda p: stdout.print(
+            f"recorded {p['episodes']} episodes into {len(p['files'])} logs and "
+            f"{len(p['captures'])} captures under {out}"
+        ),
+    )
+
+
+def run_record(
+    policy: str,
+    episodes: int,
+    out: Path,
+    seed: int,
+    interventions: bool,
+    start: str | None,
+    params_path: Path,
+    progress: bool = False,
+) -> dict:
+    from pipelines.params import load_params
+    from refcell.shift import record_shift
+    from refcell.world import load_world
+
+    params = load_params(params_path)
+    controller = resolve_controller(policy, params_path)
+    shift_start = _parse_start(start)
+    with progress_bar(progress) as update:
+        return record_shift(
+            load_world("line"),
+            params.cell,
+            params.record,
+            controller,
+            episodes,
+            out,
+            seed,
+            interventions=interventions,
+            policy_version=controller.name,
+            shift_start=shift_start,
+            progress=lambda done, total: update("recording shift", done, total),
+        )
+
+
+def _parse_start(start: str | None) -> datetime:
+    if start is None:
+        return datetime.now(UTC).replace(microsecond=0)
+    try:
+        parsed = datetime.fromisoformat(start)
+    except ValueError:
+        raise CommandError(f"--start {start}: not an ISO 8601 time") from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+@app.command()
+@fails_cleanly
+def demo(
+    episodes: Annotated[int, typer.Option(help="evaluation episodes per world")] = 200,
+    record_episodes: Annotated[int, typer.Option(help="line episodes to record")] = 20,
+    landing: Path = Path("data/landing"),
+    params_path: ParamsOpt = Path("params.yaml"),
+    as_json: JsonOpt = False,
+) -> None:
+    """Pretrain if needed, show the sim-to-real gap, record a small shift of line logs."""
+    from pipelines.params import load_params
+
+    params = load_params(params_path)
+    if not (Path(params.pretrain.out) / "config.json").is_file():
+        pretrain(params_path=params_path, out=None, as_json=False)
+    rows = [
+        run_eval(policy, world, episodes, 2000, False, params_path, progress=True)
+        for policy in ("sim", "expert")
+        for world in ("sim", "line")
+    ]
+    shift = run_record("sim", record_episodes, landing, 3000, True, None, params_path, True)
+    emit({"evaluations": rows, "recorded": shift}, as_json, _print_demo)
+
+
+def _print_demo(payload: dict) -> None:
+    from rich.table import Table
+
+    table = Table(title="The sim-to-real gap")
+    for column in ("policy", "world", "success", "safety stops", "mean cycle (s)"):
+        table.add_column(column)
+    for r in payload["evaluations"]:
+        table.add_row(
+            r["policy"],
+            r["world"],
+            f"{r['success_rate']:.1%}",
+            str(r["safety_stops"]),
+            f"{r['mean_cycle_time_s']:.2f}",
+        )
+    stdout.print(table)
+    shift = payload["recorded"]
+    stdout.print(
+        f"recorded {shift['episodes']} line episodes (operator on) into "
+        f"{len(shift['files'])} MCAP logs and {len(shift['captures'])} captures"
+    )

@@ -1,0 +1,66 @@
+"""What every command shares: JSON or human output, one-line errors, progress bars."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import wraps
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+stderr = Console(stderr=True)
+stdout = Console()
+
+
+class CommandError(Exception):
+    """An expected failure: printed as one line on stderr, exit status 1."""
+
+
+def fails_cleanly(command: Callable) -> Callable:
+    """Turn expected errors into `realloop: <reason>` on stderr and a non-zero exit."""
+
+    @wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except (CommandError, FileNotFoundError, ValueError) as exc:
+            message = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
+            print(f"realloop: {message}", file=sys.stderr)
+            raise typer.Exit(1) from None
+
+    return wrapper
+
+
+def emit(payload: dict[str, Any], as_json: bool, human: Callable[[dict], None]) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
+    else:
+        human(payload)
+
+
+@contextmanager
+def progress_bar(enabled: bool = True) -> Iterator[Callable[[str, int, int], None]]:
+    """Yields update(description, done, total); draws on stderr so --json stays clean."""
+    if not enabled or not stderr.is_terminal:
+        yield lambda *_: None
+        return
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=stderr, transient=True) as bar:
+        tasks: dict[str, int] = {}
+
+        def update(description: str, done: int, total: int) -> None:
+            if description not in tasks:
+                tasks[description] = bar.add_task(description, total=total)
+            bar.update(tasks[description], completed=done)
+
+        yield update
