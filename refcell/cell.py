@@ -24,7 +24,7 @@ from refcell.world import (
     shift_conditions,
 )
 
-_STREAMS = ("start", "part", "sensors", "perception", "latency")
+_STREAMS = ("start", "part", "sensors", "perception", "latency", "inspection")
 GRAVITY = 9.81
 PART_LIMIT_M = 0.30  # a part pushed beyond this has left the table's reach
 
@@ -95,6 +95,8 @@ class Cell:
         self.applied = np.zeros(ACTION_SIZE)
         self.last_action = np.zeros(ACTION_SIZE)
         self.perceived = self._perceive()
+        # The camera measures the part's footprint once, at pick-up, with its own noise.
+        self.part_extent_m = 2 * self.part.size_m + self.rng["inspection"].normal(0, 0.002, 2)
         return self.observation()
 
     def step(self, action: np.ndarray) -> StepResult:

@@ -107,9 +107,9 @@ class ShiftRecorder:
         self.captures_dir = self.out_dir / CAPTURES_DIR
         self.captures_dir.mkdir(parents=True, exist_ok=True)
         self.cell_params, self.params, self.identity = cell_params, params, identity
-        self.shift_id = shift_start.strftime("%Y%m%dT%H%M%SZ")
+        self.shift_id = shift_start.astimezone(UTC).strftime("%Y%m%dT%H%M%SZ")
         self.clock_ns = int(shift_start.timestamp() * 1e9)
-        self.window: deque[_Message] = deque(maxlen=params.capture_window_steps * 4 + 8)
+        self.window: deque[list[_Message]] = deque(maxlen=params.capture_window_steps)
         self.files: list[Path] = []
         self.captures: list[Path] = []
         self.current: _McapFile | None = None
@@ -140,7 +140,8 @@ class ShiftRecorder:
             self.episodes_in_file = 0
         episode_id = f"{self.identity.cell_id}-{self.shift_id}-{cell.episode_index:05d}"
         self.episode = _EpisodeLog(episode_id, self.clock_ns)
-        extent = 2 * cell.part.size_m + cell.rng["perception"].normal(0, 0.002, 2)
+        self.window.clear()
+        self.window.append([])
         self._emit(
             schema.TOPIC_TARGET,
             "geometry_msgs/msg/PoseStamped",
@@ -151,7 +152,7 @@ class ShiftRecorder:
             self.clock_ns,
             "start",
             target=cell.target.round(5).tolist(),
-            part_extent_m=extent.round(4).tolist(),
+            part_extent_m=cell.part_extent_m.round(4).tolist(),
         )
 
     def _end_episode(self, cell: Cell, record: StepRecord) -> None:
@@ -176,6 +177,8 @@ class ShiftRecorder:
 
     # --- messages --------------------------------------------------------------------
     def _log_step(self, cell: Cell, record: StepRecord) -> None:
+        if record.index > 0:
+            self.window.append([])
         t = self._time_ns(record)
         obs = record.observation
         header = {"stamp": stamp(t), "frame_id": "gantry"}
@@ -235,7 +238,7 @@ class ShiftRecorder:
     def _emit(self, topic: str, datatype: str, body: dict, t: int) -> None:
         message = _Message(topic, datatype, body, t)
         self.current.write(message)
-        self.window.append(message)
+        self.window[-1].append(message)
 
     # --- edge cases ------------------------------------------------------------------
     def _watch_for_edge_cases(self, cell: Cell, record: StepRecord) -> None:
@@ -274,15 +277,14 @@ class ShiftRecorder:
         self.episode.captured.add(reason)
         t = self._time_ns(record)
         stem = f"{self.episode.episode_id}_{reason}"
-        snapshot = f"{stem}.png"
-        (self.captures_dir / snapshot).write_bytes(_snapshot_png(cell))
+        snapshot, image = f"{stem}.png", _snapshot_png(cell)
         window = _McapFile(self.captures_dir / f"{stem}.mcap", self._metadata(-1))
-        for message in self.window:
-            window.write(message)
-        window.writer.add_attachment(
-            t, t, snapshot, "image/png", (self.captures_dir / snapshot).read_bytes()
-        )
+        for step_messages in self.window:
+            for message in step_messages:
+                window.write(message)
+        window.writer.add_attachment(t, t, snapshot, "image/png", image)
         window.close()
+        _write_atomically(self.captures_dir / snapshot, image)
         sidecar = {
             "reason": reason,
             "time": _iso(t),
@@ -294,8 +296,8 @@ class ShiftRecorder:
             "source_log": self.current.path.name,
             "attachments": [snapshot],
         }
-        path = self.captures_dir / f"{stem}.json"
-        path.write_text(json.dumps(sidecar, indent=2) + "\n")
+        path = self.captures_dir / f"{stem}.json"  # written last: the sidecar completes a capture
+        _write_atomically(path, (json.dumps(sidecar, indent=2) + "\n").encode())
         self.captures.append(path)
 
     # --- helpers ---------------------------------------------------------------------
@@ -331,6 +333,12 @@ def _pose(t: int, xy, yaw: float) -> dict:
             },
         },
     }
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    partial = path.with_name(path.name + ".partial")
+    partial.write_bytes(data)
+    partial.replace(path)
 
 
 def _iso(t_ns: int) -> str:

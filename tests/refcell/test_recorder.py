@@ -36,6 +36,15 @@ class Shover:
         return direction / max(np.linalg.norm(direction), 1e-6)
 
 
+class Runaway:
+    """Drives into the corner of the gantry's travel: a joint-limit safety stop."""
+
+    name = "runaway-0"
+
+    def act(self, obs):
+        return np.ones(2)
+
+
 def record(params, tmp_path, controller, episodes, interventions, seed=5):
     return record_shift(
         load_world("line"),
@@ -137,7 +146,7 @@ def test_ground_truth_side_file_is_hidden_and_complete(expert_shift):
 
 def test_captures_written_on_each_kind_of_event(params, tmp_path):
     reasons = Counter()
-    runs = [(Frozen(), 6, True), (Shover(), 3, False), (Expert(), 12, False)]
+    runs = [(Frozen(), 6, True), (Shover(), 3, False), (Runaway(), 1, False), (Expert(), 12, False)]
     for i, (controller, episodes, interventions) in enumerate(runs):
         summary = record(params, tmp_path / str(i), controller, episodes, interventions)
         for sidecar in map(Path, summary["captures"]):
