@@ -1,0 +1,115 @@
+"""The channel client (local and S3) and the publisher's contract."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from edge.bundle import MODEL_FILE
+from edge.channel import LocalChannel, open_channel, publish_bundle
+from edge.errors import EdgeError, KeyNotFoundError
+from edge.integrity import sha256_bytes
+
+
+@pytest.fixture(params=["local", "s3"])
+def channel_uri(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "local":
+        return str(tmp_path / "channel")
+    bucket = request.getfixturevalue("s3_bucket")
+    return f"s3://{bucket}/releases/line-a"
+
+
+def test_channel_round_trip(channel_uri, tmp_path):
+    channel = open_channel(channel_uri)
+    channel.put_bytes("cell/a.json", b"{}")
+    source = tmp_path / "blob"
+    source.write_bytes(b"\x00\x01" * 1000)
+    channel.put_file("cell/bundles/b1/blob", source)
+
+    assert channel.get_bytes("cell/a.json") == b"{}"
+    channel.get_file("cell/bundles/b1/blob", tmp_path / "copy")
+    assert (tmp_path / "copy").read_bytes() == source.read_bytes()
+    assert channel.exists("cell/a.json")
+    assert not channel.exists("cell/missing.json")
+    assert channel.list() == ["cell/a.json", "cell/bundles/b1/blob"]
+    assert channel.list("cell/bundles/") == ["cell/bundles/b1/blob"]
+    assert channel.list("other/") == []
+    with pytest.raises(KeyNotFoundError, match=r"missing\.json: not found"):
+        channel.get_bytes("cell/missing.json")
+
+
+def test_keys_cannot_escape_the_channel(tmp_path):
+    channel = open_channel(tmp_path / "channel")
+    for key in ("../outside", "/abs", "a//b", ""):
+        with pytest.raises(EdgeError, match="channel key"):
+            channel.put_bytes(key, b"x")
+
+
+def test_local_writes_leave_no_temp_files(tmp_path):
+    channel = open_channel(tmp_path / "channel")
+    channel.put_bytes("cell/CURRENT.json", b"1")
+    channel.put_bytes("cell/CURRENT.json", b"2")
+    assert [p.name for p in (tmp_path / "channel" / "cell").iterdir()] == ["CURRENT.json"]
+    assert channel.get_bytes("cell/CURRENT.json") == b"2"
+
+
+def test_open_channel_kinds(tmp_path):
+    assert isinstance(open_channel(tmp_path), LocalChannel)
+    assert open_channel(tmp_path.as_uri()).root == tmp_path
+    with pytest.raises(EdgeError, match="unsupported scheme"):
+        open_channel("ftp://host/x")
+
+
+def test_publish_layout_pointer_and_manifest(publish, tmp_path, cell):
+    root = tmp_path / "channel"
+    manifest = publish(str(root), 3)
+    bundle_dir = root / cell / "bundles" / manifest["bundle_id"]
+
+    assert sorted(p.name for p in bundle_dir.iterdir()) == [
+        "config.json",
+        "manifest.json",
+        "model.safetensors",
+    ]
+    assert manifest["bundle_id"].startswith("3-")
+    assert json.loads((bundle_dir / "manifest.json").read_text()) == manifest
+    pointer = json.loads((root / cell / "CURRENT.json").read_text())
+    assert pointer == {
+        "bundle_id": manifest["bundle_id"],
+        "manifest_sha256": sha256_bytes((bundle_dir / "manifest.json").read_bytes()),
+    }
+    model = manifest["files"][MODEL_FILE]
+    assert model == {
+        "sha256": sha256_bytes((bundle_dir / MODEL_FILE).read_bytes()),
+        "size": (bundle_dir / MODEL_FILE).stat().st_size,
+    }
+    assert manifest["format"] == 1
+    assert manifest["gate"] == {"passed": True, "success_rate": 0.9}
+    assert "signature" not in manifest
+
+
+def test_republishing_identical_content_is_idempotent(publish, tmp_path, cell):
+    root = tmp_path / "channel"
+    first = publish(str(root), 1)
+    pointer = (root / cell / "CURRENT.json").read_bytes()
+    assert publish(str(root), 1) == first
+    assert (root / cell / "CURRENT.json").read_bytes() == pointer
+    assert len(list((root / cell / "bundles").iterdir())) == 1
+
+
+def test_publish_rejects_bad_input(tmp_path):
+    model = tmp_path / MODEL_FILE
+    model.write_bytes(b"w")
+    good = {"model_name": "m", "model_version": 1}
+    with pytest.raises(EdgeError, match=r"unknown fields \['typo'\]"):
+        publish_bundle(tmp_path / "c", "cell", {MODEL_FILE: model}, {**good, "typo": 1})
+    with pytest.raises(EdgeError, match=r"missing fields \['model_version'\]"):
+        publish_bundle(tmp_path / "c", "cell", {MODEL_FILE: model}, {"model_name": "m"})
+    with pytest.raises(EdgeError, match=r"must be a table that includes model\.safetensors"):
+        publish_bundle(tmp_path / "c", "cell", {"config.json": model}, good)
+    with pytest.raises(EdgeError, match="cell id"):
+        publish_bundle(tmp_path / "c", "../cell", {MODEL_FILE: model}, good)
+    with pytest.raises(EdgeError, match="cannot read"):
+        publish_bundle(tmp_path / "c", "cell", {MODEL_FILE: tmp_path / "absent"}, good)
+    assert not (tmp_path / "c").exists()
