@@ -1,0 +1,93 @@
+"""The promotion gate: a candidate reaches the cell only on hardware-trial evidence.
+
+Three conditions, all required (no gate, no promotion):
+- its success rate is convincingly no worse than the incumbent's: the lower bound of the
+  candidate's Wilson score interval is at least the incumbent's observed success rate;
+- zero safety stops in its trials;
+- its p95 cycle time is within the cell's budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+from scipy.stats import binomtest
+
+
+@dataclass(frozen=True)
+class TrialStats:
+    """What N hardware-trial episodes of one policy showed."""
+
+    policy: str
+    n: int
+    successes: int
+    safety_stops: int
+    p95_cycle_time_s: float
+    confidence: float = 0.95
+
+    @classmethod
+    def from_episodes(
+        cls,
+        policy: str,
+        success: list[bool],
+        safety_stops: int,
+        cycle_times_s: list[float],
+        confidence: float = 0.95,
+    ) -> TrialStats:
+        if not success:
+            raise ValueError(f"{policy}: no trial episodes to judge")
+        p95 = float(np.percentile(cycle_times_s, 95))
+        return cls(policy, len(success), int(sum(success)), safety_stops, p95, confidence)
+
+    @property
+    def success_rate(self) -> float:
+        return self.successes / self.n
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        ci = binomtest(self.successes, self.n).proportion_ci(self.confidence, method="wilson")
+        return float(ci.low), float(ci.high)
+
+    def as_record(self) -> dict:
+        low, high = self.interval
+        return {**asdict(self), "success_rate": self.success_rate, "interval": [low, high]}
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    passed: bool
+    reasons: list[str]
+    candidate: dict
+    incumbent: dict
+    cycle_time_budget_s: float
+
+    def as_record(self) -> dict:
+        return asdict(self)
+
+
+def decide(
+    candidate: TrialStats, incumbent: TrialStats, cycle_time_budget_s: float
+) -> GateDecision:
+    """Apply every condition and say why, pass or fail, in words a reviewer can check."""
+    low, _ = candidate.interval
+    checks = [
+        (
+            low >= incumbent.success_rate,
+            f"success lower bound {low:.3f} (Wilson {candidate.confidence:.0%}) "
+            f"{'>=' if low >= incumbent.success_rate else '<'} incumbent success "
+            f"{incumbent.success_rate:.3f}",
+        ),
+        (candidate.safety_stops == 0, f"{candidate.safety_stops} safety stops (0 allowed)"),
+        (
+            candidate.p95_cycle_time_s <= cycle_time_budget_s,
+            f"p95 cycle time {candidate.p95_cycle_time_s:.2f} s "
+            f"{'<=' if candidate.p95_cycle_time_s <= cycle_time_budget_s else '>'} budget "
+            f"{cycle_time_budget_s:.2f} s",
+        ),
+    ]
+    passed = all(ok for ok, _ in checks)
+    reasons = [("pass: " if ok else "FAIL: ") + why for ok, why in checks]
+    return GateDecision(
+        passed, reasons, candidate.as_record(), incumbent.as_record(), cycle_time_budget_s
+    )
