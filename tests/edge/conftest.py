@@ -40,6 +40,16 @@ class CliResult:
 
 
 @pytest.fixture
+def channel(tmp_path: Path) -> str:
+    return str(tmp_path / "channel")
+
+
+@pytest.fixture
+def dest(tmp_path: Path) -> Path:
+    return tmp_path / "box"
+
+
+@pytest.fixture
 def cell() -> str:
     return "cell-7"
 

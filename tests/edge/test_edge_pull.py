@@ -11,16 +11,6 @@ import pytest
 from edge.agent import read_history
 
 
-@pytest.fixture
-def channel(tmp_path: Path) -> str:
-    return str(tmp_path / "channel")
-
-
-@pytest.fixture
-def dest(tmp_path: Path) -> Path:
-    return tmp_path / "box"
-
-
 def pull_args(channel: str, cell: str, dest: Path) -> list[str | Path]:
     return ["pull", "--channel", channel, "--cell", cell, "--dest", dest, "--json"]
 

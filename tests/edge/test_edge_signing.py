@@ -13,16 +13,6 @@ from edge.errors import EdgeError
 from edge.integrity import sha256_bytes
 
 
-@pytest.fixture
-def channel(tmp_path: Path) -> str:
-    return str(tmp_path / "channel")
-
-
-@pytest.fixture
-def dest(tmp_path: Path) -> Path:
-    return tmp_path / "box"
-
-
 def signed_pull(cli, channel: str, cell: str, dest: Path, public_key: Path):
     return cli(
         "pull", "--channel", channel, "--cell", cell, "--dest", dest, "--public-key", public_key
