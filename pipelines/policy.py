@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -106,12 +107,18 @@ def load_policy(folder: str | Path) -> Policy:
             raise FileNotFoundError(
                 f"{path}: missing; a policy folder holds {CONFIG_FILE} and {WEIGHTS_FILE}"
             )
-    raw = json.loads(config_path.read_text())
-    config = PolicyConfig(**raw)
+    try:
+        config = PolicyConfig(**json.loads(config_path.read_text()))
+    except (json.JSONDecodeError, TypeError) as exc:
+        raise ValueError(f"{config_path}: not a policy config ({exc})") from None
     if config.observation != list(OBS_FIELDS):
         raise ValueError(f"{config_path}: observation fields differ from this cell's {OBS_SIZE}")
     net = PolicyNet(config)
-    net.load_state_dict(load_file(weights_path))
+    try:
+        net.load_state_dict(load_file(weights_path))
+    except (SafetensorError, RuntimeError) as exc:
+        reason = str(exc).splitlines()[0]
+        raise ValueError(f"{weights_path}: unreadable or mismatched weights ({reason})") from None
     return Policy(net, folder)
 
 

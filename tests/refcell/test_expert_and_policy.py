@@ -59,3 +59,20 @@ def test_operator_takes_over_a_failing_policy_and_rescues_it(params):
     )
     assert alone["success_rate"] == 0 and alone["interventions"] == 0
     assert helped["interventions"] >= 10 and helped["success_rate"] >= 0.8
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "reason"),
+    [
+        ("model.safetensors", b"garbage", "unreadable or mismatched weights"),
+        ("config.json", b"{bad", "not a policy config"),
+    ],
+)
+def test_corrupt_policy_files_are_named_in_one_line(
+    tmp_path, params, tiny_pretrain, name, content, reason
+):
+    folder = save_policy(pretrain(load_world("sim"), params.cell, tiny_pretrain), tmp_path / "p")
+    (folder / name).write_bytes(content)
+    with pytest.raises(ValueError, match=reason) as err:
+        load_policy(folder)
+    assert name in str(err.value) and "\n" not in str(err.value)
