@@ -84,10 +84,78 @@ class RecordParams:
 
 
 @dataclass(frozen=True, config=_STRICT)
+class CollectParams:
+    episodes: int
+    seed: int
+    interventions: bool
+
+
+@dataclass(frozen=True, config=_STRICT)
+class IngestParams:
+    landing: str
+    dataset: str
+    quarantine: str
+    min_steps: int
+    schedule_interval_s: int
+
+
+@dataclass(frozen=True, config=_STRICT)
+class ValidateParams:
+    min_steps: int
+    max_steps: int
+    time_step_tolerance_s: float
+
+
+@dataclass(frozen=True, config=_STRICT)
+class TrainParams:
+    seed: int
+    epochs: int
+    batch_size: int
+    learning_rate: float
+    val_fraction: float
+    intervention_weight: float
+    out: str
+    experiment: str
+    registered_model: str
+
+
+@dataclass(frozen=True, config=_STRICT)
+class TrialsParams:
+    episodes: int
+    seed: int
+
+
+@dataclass(frozen=True, config=_STRICT)
+class GateParams:
+    confidence: float
+    cycle_time_budget_s: float
+
+
+@dataclass(frozen=True, config=_STRICT)
+class PromoteParams:
+    channel: str
+    alias_suffix: str
+
+
+@dataclass(frozen=True, config=_STRICT)
+class ServeParams:
+    loop_cron: str
+    timezone: str
+
+
+@dataclass(frozen=True, config=_STRICT)
 class Params:
     cell: CellParams
     pretrain: PretrainParams
     record: RecordParams
+    collect: CollectParams
+    ingest: IngestParams
+    validate: ValidateParams
+    train: TrainParams
+    trials: TrialsParams
+    gate: GateParams
+    promote: PromoteParams
+    serve: ServeParams
 
 
 def load_params(path: str | Path = DEFAULT_PARAMS) -> Params:
