@@ -95,6 +95,7 @@ class IngestParams:
     landing: str
     dataset: str
     quarantine: str
+    remote: str
     min_steps: int
     schedule_interval_s: int
 
@@ -104,6 +105,7 @@ class ValidateParams:
     min_steps: int
     max_steps: int
     time_step_tolerance_s: float
+    joint_reading_margin_m: float
 
 
 @dataclass(frozen=True, config=_STRICT)
