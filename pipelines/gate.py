@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute
 from scipy.stats import binomtest
 
 
@@ -90,4 +92,20 @@ def decide(
     reasons = [("pass: " if ok else "FAIL: ") + why for ok, why in checks]
     return GateDecision(
         passed, reasons, candidate.as_record(), incumbent.as_record(), cycle_time_budget_s
+    )
+
+
+def trial_stats(episodes: pa.Table, policy: str, confidence: float = 0.95) -> TrialStats:
+    """Trial statistics from ingested trial episodes: the gate judges what the logs say.
+
+    The cycle-time percentile is over successful episodes: a failure runs to the timeout, and
+    the budget is about how fast the cell completes its work, not how long it takes to give up.
+    """
+    success = episodes.column("success").to_pylist()
+    cycle_times = [
+        t for t, ok in zip(episodes.column("cycle_time_s").to_pylist(), success, strict=True) if ok
+    ]
+    stops = int(pa.compute.sum(episodes.column("safety_stops")).as_py() or 0)
+    return TrialStats.from_episodes(
+        policy, success, stops, cycle_times or [float("inf")], confidence
     )
