@@ -95,17 +95,20 @@ def decide(
     )
 
 
-def trial_stats(episodes: pa.Table, policy: str, confidence: float = 0.95) -> TrialStats:
+def trial_stats(episodes: pa.Table, confidence: float = 0.95) -> TrialStats:
     """Trial statistics from ingested trial episodes: the gate judges what the logs say.
 
     The cycle-time percentile is over successful episodes: a failure runs to the timeout, and
     the budget is about how fast the cell completes its work, not how long it takes to give up.
     """
+    versions = set(episodes.column("policy_version").to_pylist())
+    if len(versions) != 1:
+        raise ValueError(f"trial episodes must come from one policy, got {sorted(versions)}")
     success = episodes.column("success").to_pylist()
     cycle_times = [
         t for t, ok in zip(episodes.column("cycle_time_s").to_pylist(), success, strict=True) if ok
     ]
     stops = int(pa.compute.sum(episodes.column("safety_stops")).as_py() or 0)
     return TrialStats.from_episodes(
-        policy, success, stops, cycle_times or [float("inf")], confidence
+        versions.pop(), success, stops, cycle_times or [float("inf")], confidence
     )

@@ -1,6 +1,8 @@
+import numpy as np
+import pyarrow as pa
 import pytest
 
-from pipelines.gate import TrialStats, decide
+from pipelines.gate import TrialStats, decide, trial_stats
 
 
 def stats(policy, successes, n=100, stops=0, p95=4.0):
@@ -41,3 +43,29 @@ def test_from_episodes_computes_p95_and_refuses_empty_trials():
     assert trial.successes == 3 and trial.p95_cycle_time_s == pytest.approx(8.95)
     with pytest.raises(ValueError, match="no trial episodes"):
         TrialStats.from_episodes("c", [], 0, [])
+
+
+def _trial_episodes(success: list[bool], stops: list[int], cycle: list[float]) -> pa.Table:
+    return pa.table(
+        {
+            "policy_version": ["ft-1"] * len(success),
+            "success": success,
+            "safety_stops": pa.array(stops, pa.int32()),
+            "cycle_time_s": pa.array(cycle, pa.float32()),
+        }
+    )
+
+
+def test_trial_stats_read_the_ingested_episodes():
+    episodes = _trial_episodes([True, True, False, True], [0, 0, 1, 0], [3.0, 4.0, 2.5, 5.0])
+    stats = trial_stats(episodes)
+    assert (stats.policy, stats.n, stats.successes, stats.safety_stops) == ("ft-1", 4, 3, 1)
+    # the p95 is over successful episodes only: the failed 2.5 s stop does not lower it
+    assert stats.p95_cycle_time_s == pytest.approx(np.percentile([3.0, 4.0, 5.0], 95))
+
+
+def test_trial_stats_refuse_mixed_policies():
+    episodes = _trial_episodes([True, True], [0, 0], [3.0, 4.0])
+    mixed = episodes.set_column(0, "policy_version", pa.array(["a", "b"]))
+    with pytest.raises(ValueError, match="one policy"):
+        trial_stats(mixed)
