@@ -1,0 +1,95 @@
+"""Serve the ingest and retrain-loop flows as Prefect deployments on their schedules.
+
+`serve(params_path)` registers two deployments with the Prefect server at PREFECT_API_URL and
+runs their flow runs from this process (each in a subprocess, in this working directory) until
+Ctrl-C or SIGTERM:
+
+    ingest        flows.ingest.ingest_flow  every ingest.schedule_interval_s seconds
+    retrain-loop  flows.loop.loop_flow      cron serve.loop_cron in serve.timezone
+
+Both runs get parameters={"params_path": <the params path as given>, "workspace": <the working
+directory of `serve`>}; paths inside params.yaml are relative to that workspace.
+
+A Prefect server is required: the ephemeral API that `configure_prefect` falls back to runs no
+scheduler service, so the schedules would never produce a run. On shutdown Prefect pauses the
+two schedules; the next `serve` resumes them.
+"""
+
+from __future__ import annotations
+
+import signal
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from flows.console import CommandError
+from flows.prefect_env import api_url
+from pipelines.params import Params, load_params
+
+if TYPE_CHECKING:
+    from prefect.deployments.runner import RunnerDeployment
+
+INGEST_DEPLOYMENT = "ingest"
+LOOP_DEPLOYMENT = "retrain-loop"
+NO_SERVER = (
+    "serve needs a Prefect server (the ephemeral API runs no scheduler): start one with "
+    "`prefect server start` and set PREFECT_API_URL=http://127.0.0.1:4200/api"
+)
+
+
+def schedules(params: Params) -> dict[str, str]:
+    """Deployment name → its schedule, in words."""
+    return {
+        INGEST_DEPLOYMENT: f"every {params.ingest.schedule_interval_s} s",
+        LOOP_DEPLOYMENT: f"cron '{params.serve.loop_cron}' ({params.serve.timezone})",
+    }
+
+
+def build_deployments(params_path: Path) -> list[RunnerDeployment]:
+    """The two deployments, scheduled as params.yaml says; nothing is registered yet."""
+    from prefect.deployments.runner import EntrypointType
+    from prefect.schedules import Cron, Interval
+
+    from flows.ingest import ingest_flow
+    from flows.loop import loop_flow
+
+    params = load_params(params_path)
+    # The workspace is pinned at serve time: a run must not depend on where its process starts.
+    parameters = {"params_path": str(params_path), "workspace": str(Path.cwd())}
+    # By module path, so a run finds the flow from any workspace the package is installed for.
+    common = {"parameters": parameters, "entrypoint_type": EntrypointType.MODULE_PATH}
+    return [
+        ingest_flow.to_deployment(
+            INGEST_DEPLOYMENT,
+            schedule=Interval(timedelta(seconds=params.ingest.schedule_interval_s)),
+            description="Ingest what landed: landing folder → canonical dataset.",
+            **common,
+        ),
+        loop_flow.to_deployment(
+            LOOP_DEPLOYMENT,
+            schedule=Cron(params.serve.loop_cron, timezone=params.serve.timezone),
+            description="One cycle of the continual-retraining loop.",
+            **common,
+        ),
+    ]
+
+
+def serve(params_path: Path) -> None:
+    """Serve both deployments until Ctrl-C or SIGTERM; returns normally then."""
+    if api_url() is None:
+        raise CommandError(NO_SERVER)
+    load_params(params_path)  # a bad params file fails here, in one line, before prefect loads
+    # Until Prefect's runner installs its own graceful SIGTERM handler, stop like Ctrl-C.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        from prefect import serve as prefect_serve
+
+        prefect_serve(*build_deployments(params_path), print_starting_message=False)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
