@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from flows import cell
+from flows import cell, commands, serve_cli
 
 app = typer.Typer(
     help="realloop: real line logs in, gated and promoted models out to the edge box.",
@@ -12,6 +12,11 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(cell.app, name="cell")
+app.command()(commands.loop)
+app.command()(commands.ingest)
+app.command()(commands.train)
+app.command()(commands.lineage)
+app.command("serve")(serve_cli.serve_command)
 
 if __name__ == "__main__":
     app()

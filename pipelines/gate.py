@@ -25,7 +25,7 @@ class TrialStats:
     n: int
     successes: int
     safety_stops: int
-    p95_cycle_time_s: float
+    p95_cycle_time_s: float | None  # None: no episode to time
     confidence: float = 0.95
 
     @classmethod
@@ -39,7 +39,7 @@ class TrialStats:
     ) -> TrialStats:
         if not success:
             raise ValueError(f"{policy}: no trial episodes to judge")
-        p95 = float(np.percentile(cycle_times_s, 95))
+        p95 = float(np.percentile(cycle_times_s, 95)) if cycle_times_s else None
         return cls(policy, len(success), int(sum(success)), safety_stops, p95, confidence)
 
     @property
@@ -81,18 +81,20 @@ def decide(
             f"{incumbent.success_rate:.3f}",
         ),
         (candidate.safety_stops == 0, f"{candidate.safety_stops} safety stops (0 allowed)"),
-        (
-            candidate.p95_cycle_time_s <= cycle_time_budget_s,
-            f"p95 cycle time {candidate.p95_cycle_time_s:.2f} s "
-            f"{'<=' if candidate.p95_cycle_time_s <= cycle_time_budget_s else '>'} budget "
-            f"{cycle_time_budget_s:.2f} s",
-        ),
+        _cycle_time_check(candidate.p95_cycle_time_s, cycle_time_budget_s),
     ]
     passed = all(ok for ok, _ in checks)
     reasons = [("pass: " if ok else "FAIL: ") + why for ok, why in checks]
     return GateDecision(
         passed, reasons, candidate.as_record(), incumbent.as_record(), cycle_time_budget_s
     )
+
+
+def _cycle_time_check(p95: float | None, budget: float) -> tuple[bool, str]:
+    if p95 is None:
+        return False, "no successful trial episode, so no cycle time to hold against the budget"
+    within = p95 <= budget
+    return within, f"p95 cycle time {p95:.2f} s {'<=' if within else '>'} budget {budget:.2f} s"
 
 
 def trial_stats(episodes: pa.Table, confidence: float = 0.95) -> TrialStats:
@@ -109,6 +111,4 @@ def trial_stats(episodes: pa.Table, confidence: float = 0.95) -> TrialStats:
         t for t, ok in zip(episodes.column("cycle_time_s").to_pylist(), success, strict=True) if ok
     ]
     stops = int(pa.compute.sum(episodes.column("safety_stops")).as_py() or 0)
-    return TrialStats.from_episodes(
-        versions.pop(), success, stops, cycle_times or [float("inf")], confidence
-    )
+    return TrialStats.from_episodes(versions.pop(), success, stops, cycle_times, confidence)

@@ -54,7 +54,7 @@ def version_dataset(workspace: Path, dataset: Path, push: bool = True) -> Datase
     """`dvc add` the dataset folder (and `dvc push` it); record and return its version."""
     relative = _relative(workspace, dataset)
     with _dvc_repo(workspace) as repo:
-        repo.add(str(relative))
+        repo.add(str(workspace.resolve() / relative))
         if push:
             repo.push()
     out = _tracked_out(workspace, relative)

@@ -69,3 +69,10 @@ def test_trial_stats_refuse_mixed_policies():
     mixed = episodes.set_column(0, "policy_version", pa.array(["a", "b"]))
     with pytest.raises(ValueError, match="one policy"):
         trial_stats(mixed)
+
+
+def test_a_candidate_without_successes_has_no_cycle_time_and_fails():
+    stats = trial_stats(_trial_episodes([False, False], [0, 0], [6.0, 6.0]))
+    assert stats.p95_cycle_time_s is None
+    decision = decide(stats, stats, cycle_time_budget_s=5.5)
+    assert not decision.passed and "no successful trial episode" in decision.reasons[2]

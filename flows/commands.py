@@ -1,0 +1,131 @@
+"""`realloop loop | ingest | train | lineage`: the retraining loop and its stages by hand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from flows.console import CommandError, emit, fails_cleanly, stdout
+
+ParamsOpt = Annotated[Path, typer.Option("--params", help="params.yaml to read")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output on stdout")]
+
+
+def _workspace() -> Path:
+    """The workspace is the folder realloop runs in: params paths are relative to it."""
+    from flows.prefect_env import configure_prefect
+    from pipelines import tracking
+
+    workspace = Path.cwd()
+    configure_prefect(workspace)
+    tracking.use_workspace(workspace)
+    return workspace
+
+
+@fails_cleanly
+def loop(params_path: ParamsOpt = Path("params.yaml"), as_json: JsonOpt = False) -> None:
+    """One retraining cycle: collect, ingest, validate, fine-tune, trials, gate, promote."""
+    from flows.cycle import print_cycle
+
+    workspace = _workspace()
+    from flows.loop import loop_flow
+
+    summary = loop_flow(params_path=str(params_path), workspace=str(workspace))
+    emit(summary, as_json, lambda s: print_cycle(s, stdout.print))
+
+
+@fails_cleanly
+def ingest(params_path: ParamsOpt = Path("params.yaml"), as_json: JsonOpt = False) -> None:
+    """Ingest new logs from the landing folder into a new DVC dataset version."""
+    workspace = _workspace()
+    from flows.ingest import ingest_flow
+
+    result = ingest_flow(params_path=str(params_path), workspace=str(workspace))
+    emit(result, as_json, _print_ingest)
+
+
+def _print_ingest(result: dict) -> None:
+    report = result["ingest"]
+    stdout.print(
+        f"dataset {result['dataset_version']}: {report['episodes_ingested']} episodes from "
+        f"{report['files_ingested']} new logs, {report['files_skipped']} already ingested, "
+        f"{report['files_quarantined']} quarantined"
+    )
+    for row in report["quarantined"]:
+        stdout.print(f"  quarantined {row['source']}: {row['reason']}")
+
+
+@fails_cleanly
+def train(
+    params_path: ParamsOpt = Path("params.yaml"),
+    base: Annotated[
+        Path | None, typer.Option(help="policy folder to fine-tune (default: production or sim)")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Fine-tune on the workspace's current dataset version (what `dvc repro finetune` runs)."""
+    from flows.cycle import current_policy
+    from pipelines.params import load_params
+    from pipelines.retrain import fine_tune_and_register
+    from pipelines.validate import validate_dataset
+    from pipelines.versioning import current_version
+
+    workspace = _workspace()
+    params = load_params(params_path)
+    dataset = workspace / params.ingest.dataset
+    version = current_version(workspace, dataset)
+    report = validate_dataset(dataset, params.cell, params.validate)
+    folder = base or current_policy(params, params_path, workspace)["folder"]
+    result = fine_tune_and_register(params, workspace, folder, version, report.passed_batches)
+    emit(
+        result,
+        as_json,
+        lambda r: stdout.print(
+            f"fine-tuned on dataset {r['dataset_version']}: {r['registered_model']} version "
+            f"{r['model_version']} (MLflow run {r['mlflow_run_id']})"
+        ),
+    )
+
+
+@fails_cleanly
+def lineage(
+    target: Annotated[str, typer.Argument(help="a model version, a log file or its sha256")],
+    params_path: ParamsOpt = Path("params.yaml"),
+    as_json: JsonOpt = False,
+) -> None:
+    """Provenance both ways: a model's data, params and trials, or a file's datasets and models."""
+    from pipelines.lineage import file_lineage, model_lineage
+    from pipelines.params import load_params
+
+    workspace = _workspace()
+    params = load_params(params_path)
+    dataset, model = workspace / params.ingest.dataset, params.train.registered_model
+    if target.isdigit():
+        result = model_lineage(workspace, dataset, model, target)
+    elif Path(target).exists() or len(target) == 64:
+        result = file_lineage(workspace, dataset, model, target)
+    else:
+        raise CommandError(f"{target}: not a model version, a file, or a sha256")
+    emit(result, as_json, _print_lineage)
+
+
+def _print_lineage(result: dict) -> None:
+    if "models" in result:
+        stdout.print(f"{result['file']} (sha256 {result['sha256'][:12]}…)")
+        stdout.print(f"  in dataset versions: {', '.join(result['dataset_versions']) or 'none'}")
+        for m in result["models"]:
+            use = "trained on it" if m["trained_on_file"] else f"trials: {', '.join(m['trials'])}"
+            stdout.print(f"  {m['model']} version {m['version']} ({use})")
+        return
+    stdout.print(
+        f"{result['model']} version {result['version']}: dataset {result['dataset_version']}, "
+        f"MLflow run {result['mlflow_run_id']}, gate "
+        f"{'passed' if result['gate']['passed'] else 'failed'}"
+    )
+    for source in result["sources"]:
+        stdout.print(f"  trained on {source['uri']} (sha256 {source['sha256'][:12]}…)")
+    for role, trial in result["trials"].items():
+        for source in trial["sources"]:
+            stdout.print(f"  {role} trials: {source['uri']}")
