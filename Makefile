@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: setup
-	$(BIN)/realloop cell demo
+	$(BIN)/realloop loop
 
 test: setup
 	$(BIN)/ruff check .
@@ -29,6 +29,7 @@ lint: setup
 
 bench: setup
 	$(BIN)/python -m bench.refcell
+	$(BIN)/python -m bench.loop
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

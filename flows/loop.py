@@ -38,6 +38,7 @@ def collect(
         params.collect.interventions,
         start.isoformat(),
         params_path,
+        progress=True,
     )
 
 
@@ -69,7 +70,14 @@ def hardware_trials(
 
     params = load_params(params_path)
     return run_record(
-        str(policy), params.trials.episodes, landing, seed, False, start.isoformat(), params_path
+        str(policy),
+        params.trials.episodes,
+        landing,
+        seed,
+        False,
+        start.isoformat(),
+        params_path,
+        progress=True,
     )
 
 

@@ -17,13 +17,13 @@ import pyarrow.compute as pc
 
 from pipelines.params import TrainParams
 from pipelines.policy import PolicyNet
-from pipelines.schema import ACTION_SIZE, OBS_SIZE
+from pipelines.schema import ACTION_SIZE
 from pipelines.train import EpochMetrics, fit
 
 
 @dataclass(frozen=True)
 class TrainingSet:
-    observations: np.ndarray  # (N, OBS_SIZE) float32, rebuilt as the policy saw them
+    observations: np.ndarray  # (N, 12) float32 in OBS_FIELDS order, as the policy saw them
     actions: np.ndarray  # (N, ACTION_SIZE) float32 labels
     weights: np.ndarray  # (N,) float32 per-example loss weights
     episodes_used: int  # episodes that contributed at least one example
@@ -62,8 +62,8 @@ def training_examples(
     # Per-step episode facts, joined by episode id (episodes without steps just drop out).
     episode_ids = episodes["episode_id"].to_numpy(zero_copy_only=False)
     by_id = np.argsort(episode_ids)
-    found = np.searchsorted(episode_ids, step_episode, sorter=by_id).clip(0, max(len(by_id) - 1, 0))
-    episode_row = by_id[found] if len(by_id) else np.zeros(n, dtype=np.int64)
+    found = np.searchsorted(episode_ids, step_episode, sorter=by_id)
+    episode_row = by_id[np.minimum(found, max(len(by_id) - 1, 0))] if len(by_id) else found
     if n and (len(by_id) == 0 or np.any(episode_ids[episode_row] != step_episode)):
         raise ValueError("steps reference episodes missing from the episodes table")
     targets = _vectors(episodes["target"], 2)[episode_row]
@@ -88,10 +88,11 @@ def training_examples(
         ],
         axis=1,
     ).astype(np.float32)
-    assert observations.shape[1] == OBS_SIZE
 
     intervention = steps["intervention"].to_numpy(zero_copy_only=False).astype(bool)
     corrected = steps["corrected_action"]
+    # An intervention step without its correction breaks the contract (validate flags it);
+    # it is no label here, and not a policy step either.
     has_correction = intervention & ~pc.is_null(corrected).to_numpy(zero_copy_only=False)
     # Nulls flatten to nothing, so fill them first to keep one row per step.
     filled = pc.fill_null(corrected, pa.scalar([0.0] * ACTION_SIZE, corrected.type))
@@ -99,6 +100,9 @@ def training_examples(
 
     success_step = success & ~intervention
     keep = has_correction | success_step
+    # Corrections are the only labels that say what the policy should have done, exactly
+    # where it went wrong, so they dominate the loss (intervention_weight, 10 in params.yaml);
+    # the policy's own steps in successful episodes anchor what already works on the line.
     weights = np.where(has_correction, np.float32(intervention_weight), np.float32(1.0))
     return TrainingSet(
         observations=observations[keep],

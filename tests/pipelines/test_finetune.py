@@ -1,0 +1,206 @@
+import dataclasses
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from pipelines.finetune import finetune, training_examples
+from pipelines.policy import Policy, PolicyConfig, PolicyNet
+from pipelines.schema import EPISODES_SCHEMA, STEPS_SCHEMA
+
+
+def _episodes(rows: list[dict]) -> pa.Table:
+    """An episodes table in the contract's schema; only id, target and success matter here."""
+    filler = {
+        "cell_id": "cell-07",
+        "robot_serial": "GX",
+        "policy_version": "sim-0",
+        "sensor_calibration_id": "cam",
+        "software_version": "1",
+        "source_uri": "file.mcap",
+        "source_sha256": "0" * 64,
+        "source_chunk": None,
+        "ingest_run_id": "run",
+        "ingested_at": 0,
+        "realloop_version": "0",
+        "start_time": 0,
+        "part_extent_m": None,
+        "failure_cause": None,
+        "safety_stops": 0,
+        "safety_stop_kind": None,
+        "interventions": 0,
+        "steps": 0,
+        "cycle_time_s": 0.0,
+        "edge_case": False,
+        "edge_case_reasons": None,
+        "attachments": None,
+    }
+    return pa.Table.from_pylist([{**filler, **row} for row in rows], schema=EPISODES_SCHEMA)
+
+
+def _step(episode_id, step, action, intervention=False, corrected=None, base=0.0) -> dict:
+    """A step row whose sensor values encode (episode base, step) so they can be traced."""
+    v = base + step
+    return {
+        "episode_id": episode_id,
+        "step": step,
+        "time_s": step / 20,
+        "joint_position": [v + 0.1, v + 0.2],
+        "joint_velocity": [v + 0.3, v + 0.4],
+        "part_pose": [v + 0.5, v + 0.6, v + 0.7],
+        "part_confidence": 0.75,
+        "action": action,
+        "intervention": intervention,
+        "corrected_action": corrected,
+    }
+
+
+@pytest.fixture
+def tables() -> tuple[pa.Table, pa.Table]:
+    """Episode a succeeds with one operator takeover; episode b fails with one."""
+    episodes = _episodes(
+        [
+            {"episode_id": "b", "target": [0.5, -0.5], "success": False},
+            {"episode_id": "a", "target": [0.1, 0.2], "success": True},
+        ]
+    )
+    rows = [
+        _step("a", 0, [0.5, 0.5]),
+        _step("a", 1, [-0.25, 0.75], True, [-0.25, 0.75]),
+        _step("a", 2, [1.0, 0.0]),
+        _step("b", 0, [0.5, 0.0], base=10.0),
+        _step("b", 1, [0.0, -0.5], True, [0.0, -0.5], base=10.0),
+        _step("b", 2, [0.25, 0.25], base=10.0),
+    ]
+    order = [4, 2, 0, 5, 1, 3]  # as ingest might deliver them: not sorted
+    return episodes, pa.Table.from_pylist([rows[i] for i in order], schema=STEPS_SCHEMA)
+
+
+def test_observations_are_rebuilt_in_obs_fields_order(tables):
+    episodes, steps = tables
+    all_kept = episodes.set_column(
+        episodes.schema.get_field_index("success"), "success", pa.array([True, True])
+    )
+    data = training_examples(all_kept, steps, intervention_weight=1.0)
+    assert data.observations.dtype == np.float32 and data.observations.shape == (6, 12)
+    # Sorted by episode, then step; step 0 has no previous action.
+    a0, a1, b0 = data.observations[0], data.observations[1], data.observations[3]
+    np.testing.assert_allclose(
+        a0, [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.75, 0.1, 0.2, 0.0, 0.0], rtol=1e-6
+    )
+    np.testing.assert_allclose(
+        a1, [1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 0.75, 0.1, 0.2, 0.5, 0.5], rtol=1e-6
+    )
+    # The previous action is never carried across episodes.
+    np.testing.assert_allclose(b0[8:], [0.5, -0.5, 0.0, 0.0])
+    np.testing.assert_allclose(b0[:2], [10.1, 10.2], rtol=1e-6)
+    # After a takeover the previous action is what was commanded: the operator's.
+    np.testing.assert_allclose(data.observations[2][10:], [-0.25, 0.75])
+
+
+def test_labels_are_successes_plus_corrections_never_failed_episodes_own_actions(tables):
+    episodes, steps = tables
+    data = training_examples(episodes, steps, intervention_weight=4.0)
+    # a: all three steps (step 1 labelled by its correction); b: only its correction.
+    assert len(data) == 4
+    assert (data.success_steps, data.correction_steps, data.episodes_used) == (2, 2, 2)
+    np.testing.assert_allclose(
+        data.actions, [[0.5, 0.5], [-0.25, 0.75], [1.0, 0.0], [0.0, -0.5]], rtol=1e-6
+    )
+    np.testing.assert_allclose(data.weights, [1.0, 4.0, 1.0, 4.0])
+    assert data.weights.dtype == np.float32 and data.actions.dtype == np.float32
+    # b's correction sits at b's step 1, after b's own step 0.
+    np.testing.assert_allclose(data.observations[3][:2], [11.1, 11.2], rtol=1e-6)
+
+
+def test_corrected_action_not_commanded_action_is_the_label():
+    """Were they ever to differ, the operator's corrected action is what the policy learns."""
+    episodes = _episodes([{"episode_id": "a", "target": [0.0, 0.0], "success": False}])
+    steps = pa.Table.from_pylist(
+        [_step("a", 0, [0.0, 0.0], True, [0.5, -0.5])], schema=STEPS_SCHEMA
+    )
+    data = training_examples(episodes, steps, intervention_weight=2.0)
+    np.testing.assert_allclose(data.actions, [[0.5, -0.5]])
+    assert data.episodes_used == 1 and data.success_steps == 0
+
+
+def test_steps_of_an_unknown_episode_are_an_error(tables):
+    episodes, steps = tables
+    with pytest.raises(ValueError, match="missing from the episodes table"):
+        training_examples(episodes.slice(0, 1), steps, intervention_weight=1.0)
+
+
+def test_rebuilt_observations_equal_what_the_cell_showed_the_policy(params):
+    """The real-cell round trip: log what run_episode records, rebuild, compare bit for bit."""
+    from refcell.runner import Operator, run_episodes
+    from refcell.world import load_world
+
+    torch.manual_seed(0)
+    untrained = Policy(PolicyNet(PolicyConfig(hidden=[16])))  # wrong often: many takeovers
+    seen, rows, episode_rows = [], [], []
+
+    def log(_cell, record) -> None:
+        episode_id = f"e{len(episode_rows)}"
+        seen.append(record.observation)
+        o, corrected = record.observation, record.corrected
+        rows.append(
+            {
+                "episode_id": episode_id,
+                "step": record.index,
+                "time_s": record.time_s,
+                "joint_position": o[0:2].tolist(),
+                "joint_velocity": o[2:4].tolist(),
+                "part_pose": o[4:7].tolist(),
+                "part_confidence": float(o[7]),
+                "action": np.asarray(record.commanded, np.float32).tolist(),
+                "intervention": record.intervention,
+                "corrected_action": None if corrected is None else corrected.tolist(),
+            }
+        )
+        if record.result.done:
+            episode_rows.append({"episode_id": episode_id, "target": o[8:10].tolist()})
+
+    operator = Operator(params.record.operator)
+    for _ in run_episodes(load_world("line"), params.cell, untrained, 2, 3, operator, (log,)):
+        pass
+    episodes = _episodes([{**row, "success": True} for row in episode_rows])
+    steps = pa.Table.from_pylist(rows, schema=STEPS_SCHEMA)
+    no_takeovers = steps.set_column(
+        steps.schema.get_field_index("intervention"),
+        "intervention",
+        pa.array([False] * len(rows)),
+    )
+    data = training_examples(episodes, no_takeovers, intervention_weight=1.0)
+    np.testing.assert_array_equal(data.observations, np.stack(seen))
+    assert any(row["intervention"] for row in rows)
+
+
+def test_finetune_is_deterministic_and_leaves_the_base_alone(tables, params):
+    episodes, steps = tables
+    data = training_examples(episodes, steps, intervention_weight=3.0)
+    torch.manual_seed(0)
+    base = PolicyNet(PolicyConfig(hidden=[16, 16], version="sim-0", trained_on={"world": "sim"}))
+    before = {k: v.clone() for k, v in base.state_dict().items()}
+    train = dataclasses.replace(params.train, epochs=3, batch_size=2, val_fraction=0.25)
+
+    first, history = finetune(base, data, train, "line-1")
+    second, _ = finetune(base, data, train, "line-1")
+
+    assert len(history) == 3
+    for key, value in base.state_dict().items():
+        assert torch.equal(value, before[key]), f"base changed: {key}"
+        assert torch.equal(first.state_dict()[key], second.state_dict()[key])
+    assert any(not torch.equal(first.state_dict()[k], before[k]) for k in before)
+    assert first.config.version == "line-1" and base.config.version == "sim-0"
+    assert first.config.trained_on["base_version"] == "sim-0"
+    assert first.config.trained_on["correction_steps"] == 2
+    assert base.config.trained_on == {"world": "sim"}
+
+
+def test_finetune_refuses_an_empty_training_set(tables, params):
+    episodes, steps = tables
+    data = training_examples(episodes, steps.slice(0, 0), intervention_weight=3.0)
+    assert len(data) == 0
+    with pytest.raises(ValueError, match="no training examples"):
+        finetune(PolicyNet(PolicyConfig(hidden=[4])), data, params.train, "line-1")
