@@ -436,6 +436,12 @@ class _Runtime:
 _GX_LOCK = threading.Lock()
 
 
+def warm_up() -> None:
+    """Build the GX context and suites now, e.g. before timing anything (GX starts slowly)."""
+    with _GX_LOCK:
+        _runtime()
+
+
 @cache
 def _runtime() -> _Runtime:  # called with _GX_LOCK held
     """GX context, data source and suites: built once per process (GX starts slowly)."""
