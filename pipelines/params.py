@@ -98,6 +98,9 @@ class IngestParams:
     remote: str
     min_steps: int
     schedule_interval_s: int
+    max_file_bytes: int  # a landed file larger than this is quarantined before decoding
+    max_clock_jump_s: float  # a longer gap between steps of one episode is a clock jump
+    joint_limit_margin_m: float  # readings beyond cell.safety.joint_limit_m + this: quarantined
 
 
 @dataclass(frozen=True, config=_STRICT)
@@ -146,6 +149,21 @@ class ServeParams:
 
 
 @dataclass(frozen=True, config=_STRICT)
+class DriftParams:
+    out: str  # plots and drift.json per dataset version: <out>/<dataset_version>/
+    min_episodes: int  # a feature is judged only with this many episodes on each side
+    psi_bins: int
+    psi: float
+    ks_statistic: float
+    js_distance: float
+    p_value: float  # KS and chi-square: a difference must also be significant
+    max_lag_steps: int
+    jitter_clearance_m: float
+    min_drifted_features: int
+    min_new_edge_cases: int
+
+
+@dataclass(frozen=True, config=_STRICT)
 class Params:
     cell: CellParams
     pretrain: PretrainParams
@@ -158,6 +176,7 @@ class Params:
     gate: GateParams
     promote: PromoteParams
     serve: ServeParams
+    drift: DriftParams
 
 
 def load_params(path: str | Path = DEFAULT_PARAMS) -> Params:
