@@ -118,10 +118,14 @@ def test_bad_files_are_quarantined_with_reasons(cycle):
 
 
 def test_gate_pass_promotes_to_the_channel_and_the_edge_box_runs_it(cycle, tmp_path):
-    workspace, summary, _, _, _ = cycle
+    workspace, summary, second, _, _ = cycle
     assert summary["gate"]["passed"], summary["gate"]["reasons"]
     version = summary["training"]["model_version"]
     assert summary["promotion"]["promoted"] and summary["edge"]["model_version"] == int(version)
+    # the channel now names whatever the last cycle left there: its candidate if it passed
+    latest = second["training"]["model_version"] if second["gate"]["passed"] else version
+    assert second["edge"]["model_version"] == int(latest)
+    version = latest
     box = tmp_path / "edge-box"
     pull = subprocess.run(
         [

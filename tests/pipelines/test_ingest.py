@@ -5,95 +5,41 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from mcap.reader import make_reader
-from mcap_ros2.decoder import DecoderFactory
-from mcap_ros2.writer import Writer
 
 from pipelines import schema
 from pipelines.ingest import (
+    MANIFEST_NAME,
     REASON_SUFFIX,
+    FileResult,
     IngestReport,
+    ingest_file,
     ingest_landing,
     read_dataset,
-    read_log,
+    read_manifest,
     sha256_file,
 )
-from refcell.cell import TrueState
-from refcell.expert import Expert
-from refcell.shift import record_shift
-from refcell.world import load_world
-
-START = datetime(2026, 11, 30, 6, 0, tzinfo=UTC)
-EPISODES, PER_FILE = 6, 2
-
-
-class ObservingExpert:
-    """The expert steering on what the cell perceives, idling now and then so that the
-    operator takes over. It keeps every observation it is shown: the recorder's ground truth
-    (run_episode passes the same observation to the controller and to the recorder)."""
-
-    name = "observing-expert-0"
-
-    def __init__(self):
-        self.expert, self.calls, self.seen, self.recording = Expert(), 0, [], True
-
-    def act(self, obs: np.ndarray) -> np.ndarray:
-        if self.recording:
-            self.seen.append(obs.copy())
-        self.calls += 1
-        if self.calls % 45 < 6:
-            return np.zeros(2)
-        state = TrueState(obs[0:2], obs[2:4], obs[4:6], float(obs[6]), np.zeros(2), obs[8:10], 0.03)
-        return self.expert.act(state)
+from tests.pipelines.test_ingest_helpers import (
+    EPISODES,
+    PER_FILE,
+    ObservingExpert,
+    copy_landing,
+    ingest,
+    recorded_shift,
+    rewrite,
+    short_episode,
+    truth_rows,
+)
 
 
 @pytest.fixture(scope="module")
-def shift(params, tmp_path_factory):
-    """A tiny recorded shift (read-only: tests copy it before ingesting)."""
-    out = tmp_path_factory.mktemp("recorded")
-    controller = ObservingExpert()
-
-    def stop_at_last_episode(done: int, total: int) -> None:
-        controller.recording = done < total  # counterfactual replays come after
-
-    summary = record_shift(
-        load_world("line"),
-        params.cell,
-        dataclasses.replace(params.record, episodes_per_file=PER_FILE),
-        controller,
-        EPISODES,
-        out,
-        7,
-        interventions=True,
-        policy_version=controller.name,
-        shift_start=START,
-        progress=stop_at_last_episode,
-    )
-    return out, summary, np.array(controller.seen)
-
-
-def copy_landing(shift, tmp_path: Path) -> Path:
-    landing = tmp_path / "landing"
-    shutil.copytree(shift[0], landing)
-    return landing
-
-
-def ingest(tmp_path: Path, landing: Path, params, run_id="run-1", ingest_params=None):
-    return ingest_landing(
-        landing,
-        tmp_path / "dataset",
-        tmp_path / "quarantine",
-        params.cell,
-        ingest_params or params.ingest,
-        run_id,
-    )
+def shift():
+    return recorded_shift()
 
 
 @pytest.fixture(scope="module")
@@ -103,11 +49,6 @@ def ingested(shift, params, tmp_path_factory):
     report = ingest(tmp, landing, params)
     episodes, steps = read_dataset(tmp / "dataset")
     return tmp, landing, report, episodes, steps
-
-
-def truth_rows(shift) -> list[dict]:
-    path = Path(shift[1]["ground_truth"])
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 # --- a good shift ------------------------------------------------------------------------
@@ -302,55 +243,6 @@ def test_reingest_skips_and_a_crash_before_episodes_is_completed(shift, params, 
 # --- bad files ---------------------------------------------------------------------------
 
 
-def rewrite(source: Path, dest: Path, *, drop_topic=None, metadata=True, events=None, keep=None):
-    """Copy an MCAP log message by message, breaking what a test needs broken.
-
-    `events(event, log_time)` returns (event, log_time) to write, or None to drop it;
-    `keep(topic, log_time)` says whether to keep any other message.
-    """
-    with source.open("rb") as stream:
-        reader = make_reader(stream, decoder_factories=[DecoderFactory()])
-        meta = {m.name: dict(m.metadata) for m in reader.iter_metadata()}
-        messages = list(reader.iter_decoded_messages())
-    with dest.open("wb") as out:
-        writer = Writer(out)
-        schemas = {}
-        if metadata:
-            for name, values in meta.items():
-                writer.add_metadata(name, values)
-        for schema_, channel, message, ros in messages:
-            body, t = ros, message.log_time
-            if channel.topic == drop_topic:
-                continue
-            if channel.topic == schema.TOPIC_EVENTS and events:
-                changed = events(json.loads(ros.data), t)
-                if changed is None:
-                    continue
-                body, t = {"data": json.dumps(changed[0])}, changed[1]
-            elif keep and not keep(channel.topic, t):
-                continue
-            if schema_.name not in schemas:
-                schemas[schema_.name] = writer.register_msgdef(schema_.name, schema_.data.decode())
-            writer.write_message(channel.topic, schemas[schema_.name], body, t)
-        writer.finish()
-    return dest
-
-
-def short_episode(source: Path, dest: Path, steps: int, dt_ns: int) -> Path:
-    """Only the log's first episode, ended after `steps` control steps."""
-    start = read_log(source).events[0][0]
-    end_ns = start + steps * dt_ns
-    ended = []
-
-    def events(event, t):
-        if event["event"] == "end" and not ended:
-            ended.append(t)
-            return {**event, "steps": steps}, end_ns
-        return (event, t) if t < end_ns else None
-
-    return rewrite(source, dest, events=events, keep=lambda topic, t: t < end_ns)
-
-
 def make_bad_files(landing: Path, good: Path, dt_ns: int) -> dict[str, str]:
     """Bad logs next to good ones; name → words its quarantine reason must hold."""
     data = good.read_bytes()
@@ -436,3 +328,74 @@ def test_an_episode_below_min_steps_quarantines_its_file(shift, params, tmp_path
     report = ingest(tmp_path, landing, params, ingest_params=strict)
     assert not report.ingested and len(report.quarantined) == EPISODES // PER_FILE
     assert all("fewer than ingest.min_steps" in q["reason"] for q in report.quarantined)
+
+
+# --- the per-file API, the report and the manifest -----------------------------------------
+
+
+def test_ingest_file_is_the_unit_of_work(shift, params, tmp_path):
+    landing = copy_landing(shift, tmp_path)
+    log = sorted(landing.glob("*.mcap"))[0]
+    args = (landing, tmp_path / "dataset", tmp_path / "quarantine", params.cell, params.ingest)
+    uri = f"s3://cells/cell-07/{log.name}"
+    first = ingest_file(log, *args, "run-1", source_uri=uri)
+    assert isinstance(first, FileResult)
+    assert first.result == "ingested" and first.reason is None and first.moved_to is None
+    assert (first.source, first.sha256, first.size) == (uri, sha256_file(log), log.stat().st_size)
+    assert first.episodes == PER_FILE and first.unknown_topics == {}
+    episodes, steps = read_dataset(tmp_path / "dataset")
+    assert first.steps == steps.num_rows
+    assert set(episodes.column("source_uri").to_pylist()) == {uri}
+    assert any(episodes.column("edge_case").to_pylist())  # captures found next to the log
+    # The same bytes under another name: nothing changes.
+    copy = shutil.copy(log, landing / "renamed.mcap")
+    again = ingest_file(Path(copy), *args, "run-2")
+    assert again.result == "skipped" and again.reason == "already ingested (same sha256)"
+    assert (again.sha256, again.episodes, again.steps) == (first.sha256, 0, 0)
+    assert read_dataset(tmp_path / "dataset")[0].equals(episodes)
+    with pytest.raises(FileNotFoundError):
+        ingest_file(landing / "never-landed.mcap", *args, "run-3")
+
+
+def test_counts_add_up_and_the_manifest_has_a_line_per_file_per_run(shift, params, tmp_path):
+    landing = copy_landing(shift, tmp_path)
+    good = sorted(landing.glob("*.mcap"))
+    bad = make_bad_files(landing, good[0], int(1e9 / params.cell.control_hz))
+    shutil.copy(good[1], landing / "same-bytes.mcap")
+    first = ingest(tmp_path, landing, params, run_id="run-1").as_dict()
+    second = ingest(tmp_path, landing, params, run_id="run-2").as_dict()
+    landed = len(good) + len(bad) + 1
+    assert first["files_landed"] == landed == 3 + 7 + 1
+    assert (first["files_ingested"], first["files_skipped"], first["files_quarantined"]) == (
+        3,
+        1,
+        7,
+    )
+    assert second["files_landed"] == len(good) + 1 == second["files_skipped"]
+    for report in (first, second):
+        assert report["files_landed"] == (
+            report["files_ingested"] + report["files_skipped"] + report["files_quarantined"]
+        )
+    manifest_path = tmp_path / MANIFEST_NAME  # next to the dataset, not in it
+    assert manifest_path.is_file() and not list((tmp_path / "dataset").rglob(MANIFEST_NAME))
+    lines = read_manifest(tmp_path / "dataset")
+    assert len(lines) == first["files_landed"] + second["files_landed"]
+    for line in lines:
+        assert set(line) >= {"source", "sha256", "size", "result", "reason", "run_id", "time"}
+    by_run = {run: [x for x in lines if x["run_id"] == run] for run in ("run-1", "run-2")}
+    for run, report in (("run-1", first), ("run-2", second)):
+        rows = by_run[run]
+        assert sorted(r["source"] for r in rows) == sorted(
+            f["source"] for kind in ("ingested", "skipped", "quarantined") for f in report[kind]
+        )
+        assert len({r["source"] for r in rows}) == len(rows)  # one line per file per run
+    results = {Path(r["source"]).name: r for r in by_run["run-1"]}
+    assert results["same-bytes.mcap"]["result"] == "skipped"
+    assert results["empty.mcap"] == results["empty.mcap"] | {"result": "quarantined", "size": 0}
+    assert results[good[0].name]["size"] == good[0].stat().st_size
+    # Each landed file is in exactly one place: the dataset (left in landing) or quarantine.
+    stored = {p.stem for p in (tmp_path / "dataset" / "episodes").glob("*.parquet")}
+    for name, row in results.items():
+        in_quarantine = (tmp_path / "quarantine" / name).is_file()
+        assert in_quarantine == (row["result"] == "quarantined")
+        assert (row["sha256"] in stored) == (row["result"] != "quarantined")
