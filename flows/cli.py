@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from flows import cell, commands, drift_cli, serve_cli
+from flows import cell, commands, drift_cli, serve_cli, triage_cli
 
 app = typer.Typer(
     help="realloop: real line logs in, gated and promoted models out to the edge box.",
@@ -18,6 +18,7 @@ app.command()(commands.train)
 app.command()(commands.lineage)
 app.command("serve")(serve_cli.serve_command)
 app.command("drift")(drift_cli.drift_command)
+app.command("triage")(triage_cli.triage_command)
 
 if __name__ == "__main__":
     app()

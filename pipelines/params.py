@@ -107,8 +107,11 @@ class IngestParams:
 class ValidateParams:
     min_steps: int
     max_steps: int
-    time_step_tolerance_s: float
+    time_step_tolerance_s: float  # sampling jitter beyond this: a warning
+    max_time_step_error_s: float  # beyond this: critical (the loop missed its period)
     joint_reading_margin_m: float
+    cycle_time_tolerance_s: float  # cycle_time_s vs steps / control_hz: critical beyond
+    action_match_tolerance: float  # intervention steps: command vs correction, a warning
 
 
 @dataclass(frozen=True, config=_STRICT)
@@ -164,6 +167,26 @@ class DriftParams:
 
 
 @dataclass(frozen=True, config=_STRICT)
+class TriageParams:
+    nominal_part_extent_m: float  # the part the cell is built for: its measured size
+    extent_tolerance_m: float  # a part further off nominal than this is a different part
+    max_part_turn_rad: float  # ...and so is one that turns further while pushed (a box)
+    pusher_radius_m: float
+    min_confidence: float  # perception: mean confidence below this
+    max_penetration_m: float  # ...or the pusher appears this deep inside the part
+    max_pose_jitter_m: float  # ...or perceived position noise above this
+    jitter_clearance_m: float  # noise measured only where the pusher is this far clear
+    min_clear_steps: int  # fewer clear steps: noise measured over the whole window
+    max_lag_steps: int  # latency estimate: lags 0..this, in control steps
+    max_latency_steps: float  # control: estimated latency above this
+    max_tracking_error_mps: float  # ...or RMS velocity tracking error above this
+    slide_speed_mps: float  # the part moves, and this fast relative to the pusher: it slides
+    max_slide_m: float  # physics: the part moved this far other than with the pusher
+    worst_per_class: int  # worst episodes listed per class
+    queue_length: int  # captures listed in the human report (JSON lists all)
+
+
+@dataclass(frozen=True, config=_STRICT)
 class Params:
     cell: CellParams
     pretrain: PretrainParams
@@ -177,6 +200,7 @@ class Params:
     promote: PromoteParams
     serve: ServeParams
     drift: DriftParams
+    triage: TriageParams
 
 
 def load_params(path: str | Path = DEFAULT_PARAMS) -> Params:

@@ -1,0 +1,82 @@
+"""`realloop triage`: why the line's episodes failed, and which captures to review first."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from flows.console import emit, fails_cleanly, stdout
+
+ParamsOpt = Annotated[Path, typer.Option("--params", help="params.yaml to read")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output on stdout")]
+
+
+@fails_cleanly
+def triage_command(params_path: ParamsOpt = Path("params.yaml"), as_json: JsonOpt = False) -> None:
+    """Why episodes failed and which captures to review first (rules: docs/triage.md)."""
+    from pipelines.params import load_params
+    from pipelines.triage import CAPTURES_DIR, triage_dataset
+
+    params = load_params(params_path)
+    workspace = Path.cwd()
+    dataset = workspace / params.ingest.dataset
+    report = triage_dataset(
+        dataset,
+        workspace / params.ingest.landing / CAPTURES_DIR,
+        params.cell,
+        params.triage,
+        params.record.capture_window_steps,
+    )
+    payload = {"dataset": str(params.ingest.dataset)} | report.as_dict(
+        params.triage.worst_per_class
+    )
+    emit(payload, as_json, lambda p: _print_triage(p, params.triage.queue_length))
+
+
+def _print_triage(report: dict, queue_length: int) -> None:
+    counts = ", ".join(f"{cls} {n}" for cls, n in report["counts"].items())
+    stdout.print(
+        f"{report['dataset']}: {report['failed_episodes']} of {report['episodes']} episodes "
+        f"failed: {counts}",
+        soft_wrap=True,
+        highlight=False,
+    )
+    for cls, rows in report["worst"].items():
+        if not rows:
+            continue
+        stdout.print(f"worst {cls}:", highlight=False)
+        for row in rows:
+            stdout.print(
+                f"  {row['episode_id']}  {row['rule']}: {_evidence(row['evidence'])}",
+                soft_wrap=True,
+                highlight=False,
+            )
+    queue = report["queue"]
+    stdout.print(
+        f"review queue: {len(queue)} captures"
+        + (f", first {queue_length}" if len(queue) > queue_length else ""),
+        highlight=False,
+    )
+    for row in queue[:queue_length]:
+        step = "-" if row["step"] is None else row["step"]
+        outcome = f"failed ({row['failure_cause']})" if row["episode_failed"] else "succeeded"
+        stdout.print(
+            f"  {row['rank']:>3} {row['priority']:<6} {row['episode_id']} step {step} "
+            f"{row['reason']}: {row['class']} ({_evidence(row['evidence'])}), episode {outcome}",
+            soft_wrap=True,
+            highlight=False,
+        )
+
+
+def _evidence(evidence: list[dict]) -> str:
+    return ", ".join(
+        f"{e['signal']} {_number(e['value'])} {e['test']} {e['limit']}"
+        + (f" ({e['detail']})" if e.get("detail") else "")
+        for e in evidence
+    )
+
+
+def _number(value) -> str:
+    return "?" if value is None else f"{value:.4g}"
