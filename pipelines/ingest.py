@@ -232,50 +232,31 @@ class DecodedLog:
 
 
 def read_log(path: Path) -> DecodedLog:
-    """Decode one MCAP shift log: container checks, then the official reader and the
-    mcap-ros2 decoder on the contract's topics (extra topics are only counted).
+    """Decode one MCAP shift log: container checks (incl. the summary CRC), then the
+    vectorized decoder of pipelines/decode.py on the contract's topics (extra topics are
+    only counted).
 
     Raises UnreadableLog for anything that is not a complete, intact MCAP file,
     ContractViolation for a contract topic with another encoding or message type.
     """
-    from mcap.reader import make_reader
-    from mcap_ros2.decoder import DecoderFactory
+    from pipelines.decode import McapDecodeError, decode_log
 
     path = Path(path)
     check_container(path)
-    collector = _Collector()
     try:
-        with path.open("rb") as stream:
-            reader = make_reader(stream, validate_crcs=True)
-            summary = reader.get_summary()
-            if summary is None:
-                raise UnreadableLog("MCAP file has no summary section (incomplete write?)")
-            channels = [
-                _channel_info(c, summary.schemas.get(c.schema_id))
-                for c in summary.channels.values()
-            ]
-            check_channels(channels)
-            metadata = {m.name: dict(m.metadata) for m in reader.iter_metadata()}
-            factory, decoders = DecoderFactory(), {}
-            for schema_, channel, message in reader.iter_messages(log_time_order=False):
-                if channel.topic not in TOPIC_TYPES:
-                    collector.count(channel.topic, message.log_time)
-                    continue
-                decode = decoders.get(channel.id)
-                if decode is None:
-                    decode = decoders[channel.id] = factory.decoder_for(
-                        channel.message_encoding, schema_
-                    )
-                collector.add(channel.topic, message.log_time, decode(message.data))
-            chunks = [
-                (c.message_start_time, c.message_end_time, c.chunk_start_offset, c.chunk_length)
-                for c in summary.chunk_indexes
-            ]
+        return decode_log(path)
     except QuarantineError:
         raise
+    except McapDecodeError as exc:
+        message = str(exc).splitlines()[0]
+        if exc.kind in ("unknown_encoding", "unknown_schema"):
+            raise ContractViolation(message) from None
+        prefix = "truncated MCAP" if exc.kind == "truncated" else "corrupt MCAP"
+        raise UnreadableLog(
+            message if message.startswith(prefix) else f"{prefix}: {message}"
+        ) from None
     except Exception as exc:  # untrusted bytes: any failure to decode means unreadable
         raise UnreadableLog(_decode_failure(exc)) from None
-    return collector.finish(metadata, sorted(chunks, key=lambda c: c[2]), channels)
 
 
 def _decode_failure(exc: Exception) -> str:
