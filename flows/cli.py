@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from flows import cell, commands, drift_cli, serve_cli, triage_cli
+from flows import cell, commands, drift_cli, serve_cli, triage_cli, validate_cli
 
 app = typer.Typer(
     help="realloop: real line logs in, gated and promoted models out to the edge box.",
@@ -19,6 +19,8 @@ app.command()(commands.lineage)
 app.command("serve")(serve_cli.serve_command)
 app.command("drift")(drift_cli.drift_command)
 app.command("triage")(triage_cli.triage_command)
+app.command("validate")(validate_cli.validate_command)
+app.command("admit")(validate_cli.admit_command)
 
 if __name__ == "__main__":
     app()

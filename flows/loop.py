@@ -44,10 +44,18 @@ def collect(
 
 @task(name="validate")
 def validate(params: Params, workspace: Path, sources: list[str]) -> dict:
+    """The suites over each batch without a stored result, admissions honoured; results and
+    Data Docs written for the dataset version `<dataset>.dvc` records (`data_docs`)."""
+    from pipelines.ingest import CAPTURES_DIR
     from pipelines.validate import validate_dataset
 
+    dataset = workspace / params.ingest.dataset
     report = validate_dataset(
-        workspace / params.ingest.dataset, params.cell, params.validate, batches=sources
+        dataset,
+        params.cell,
+        params.validate,
+        batches=sources,
+        captures=workspace / params.ingest.landing / CAPTURES_DIR,
     )
     return report.as_dict() | {"passed_batches": report.passed_batches}
 
