@@ -160,6 +160,8 @@ def print_cycle(summary: dict, print_line) -> None:
         f"validation: {validation['passed']} of {validation['batches']} batches passed; "
         f"excluded from training: {len(validation['excluded_from_training'])}"
     )
+    if validation.get("data_docs"):
+        print_line(f"  Data Docs: {validation['data_docs']}")
     print_line(
         f"fine-tune: MLflow run {training['mlflow_run_id']}, "
         f"{training['registered_model']} version {training['model_version']}"
