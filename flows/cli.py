@@ -14,6 +14,7 @@ app = typer.Typer(
 app.add_typer(cell.app, name="cell")
 app.command()(commands.loop)
 app.command()(commands.ingest)
+app.command()(commands.datasets)
 app.command()(commands.train)
 app.command()(commands.lineage)
 app.command("serve")(serve_cli.serve_command)

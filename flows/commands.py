@@ -1,4 +1,4 @@
-"""`realloop loop | ingest | train | lineage`: the retraining loop and its stages by hand."""
+"""`realloop loop | ingest | datasets | train | lineage`: the loop and its stages by hand."""
 
 from __future__ import annotations
 
@@ -37,24 +37,109 @@ def loop(params_path: ParamsOpt = Path("params.yaml"), as_json: JsonOpt = False)
 
 
 @fails_cleanly
-def ingest(params_path: ParamsOpt = Path("params.yaml"), as_json: JsonOpt = False) -> None:
-    """Ingest new logs from the landing folder into a new DVC dataset version."""
+def ingest(
+    source: Annotated[
+        str | None,
+        typer.Option(
+            "--source",
+            help="landing folder, file:// or s3://bucket/prefix URI (default: ingest.landing)",
+        ),
+    ] = None,
+    params_path: ParamsOpt = Path("params.yaml"),
+    as_json: JsonOpt = False,
+) -> None:
+    """Ingest new logs from a source once, into a new DVC dataset version if any were added."""
     workspace = _workspace()
+    _check_ingest(workspace, params_path, source)
     from flows.ingest import ingest_flow
 
-    result = ingest_flow(params_path=str(params_path), workspace=str(workspace))
+    result = ingest_flow(
+        params_path=str(params_path), workspace=str(workspace), source=source, progress=True
+    )
     emit(result, as_json, _print_ingest)
 
 
+def _check_ingest(workspace: Path, params_path: Path, source: str | None) -> None:
+    """What the flow would refuse, refused here in one line (a failed flow run logs a
+    traceback)."""
+    from pipelines.params import load_params
+    from pipelines.sources import LandingFolder, open_source
+    from pipelines.versioning import require_latest
+
+    params = load_params(params_path)
+    origin = open_source(source, workspace / params.ingest.landing, workspace)
+    if isinstance(origin, LandingFolder):
+        if not origin.root.is_dir():
+            raise CommandError(f"{origin.root}: landing folder not found")
+    else:
+        origin.check()  # bucket, credentials, endpoint
+    require_latest(workspace, workspace / params.ingest.dataset)
+
+
 def _print_ingest(result: dict) -> None:
-    report = result["ingest"]
+    report, version = result["ingest"], result["dataset"]
+    state = f"new version {version['tag']}" if version.get("new") else "unchanged"
     stdout.print(
-        f"dataset {result['dataset_version']}: {report['episodes_ingested']} episodes from "
+        f"dataset {result['dataset_version']} ({state}): {report['files_landed']} files from "
+        f"{result['source']}: {report['episodes_ingested']} episodes from "
         f"{report['files_ingested']} new logs, {report['files_skipped']} already ingested, "
-        f"{report['files_quarantined']} quarantined"
+        f"{report['files_quarantined']} quarantined",
+        soft_wrap=True,
     )
     for row in report["quarantined"]:
-        stdout.print(f"  quarantined {row['source']}: {row['reason']}")
+        stdout.print(f"  quarantined {row['source']}: {row['reason']}", soft_wrap=True)
+
+
+@fails_cleanly
+def datasets(
+    checkout: Annotated[
+        str | None,
+        typer.Option(
+            "--checkout",
+            help="bring the dataset folder back to a version: hash, prefix, tag or 'latest'",
+        ),
+    ] = None,
+    params_path: ParamsOpt = Path("params.yaml"),
+    as_json: JsonOpt = False,
+) -> None:
+    """Dataset versions (hash, git tag and commit, episodes, sources), or check one out."""
+    from pipelines import versioning
+    from pipelines.params import load_params
+
+    workspace = Path.cwd()
+    dataset = workspace / load_params(params_path).ingest.dataset
+    if checkout is not None:
+        version = versioning.checkout_version(workspace, checkout).as_dict()
+        version.pop("new")
+        emit(
+            version,
+            as_json,
+            lambda v: stdout.print(
+                f"{v['path']} checked out at {v['version']} ({v['tag']}, {v['files']} files)",
+                soft_wrap=True,
+            ),
+        )
+        return
+    emit(versioning.describe_versions(workspace, dataset), as_json, _print_datasets)
+
+
+def _print_datasets(listing: dict) -> None:
+    versions = listing["versions"]
+    if not versions:
+        stdout.print(f"{listing['dataset']}: no versions yet; run `realloop ingest`")
+        return
+    stdout.print(f"{listing['dataset']}: {len(versions)} versions, oldest first")
+    for v in versions:
+        episodes = "?" if v["episodes"] is None else v["episodes"]
+        sources = "?" if v["sources"] is None else len(v["sources"])
+        marker, name = "*" if v["current"] else " ", v["tag"] or v["version"][:12]
+        stdout.print(
+            f"{marker} {name}  {v['created_at'][:19]}  {(v['commit'] or '-')[:10]}"
+            f"  {sources} sources (+{v['sources_added']})"
+            f"  {episodes} episodes  {v['files']} files",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 @fails_cleanly
@@ -76,7 +161,8 @@ def train(
     params = load_params(params_path)
     dataset = workspace / params.ingest.dataset
     version = current_version(workspace, dataset)
-    report = validate_dataset(dataset, params.cell, params.validate)
+    captures = workspace / params.ingest.landing / "captures"
+    report = validate_dataset(dataset, params.cell, params.validate, captures=captures)
     folder = base or current_policy(params, params_path, workspace)["folder"]
     result = fine_tune_and_register(params, workspace, folder, version, report.passed_batches)
     emit(
