@@ -21,6 +21,11 @@ demo: setup
 
 test: setup
 	$(BIN)/ruff check .
+	$(BIN)/pytest -q -m "not slow"
+
+# Adds the slow checks: e.g. triage precision on a 1,000-episode shift (needs models/sim-policy).
+test-all: setup
+	$(BIN)/ruff check .
 	$(BIN)/pytest -q
 
 lint: setup
