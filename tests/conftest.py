@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,4 +27,15 @@ def tiny_pretrain(params):
     """Pretraining small enough for unit tests (seconds, not minutes)."""
     return dataclasses.replace(
         params.pretrain, demo_episodes=8, dagger_rounds=1, dagger_episodes=4, epochs=2
+    )
+
+
+def realloop(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """Run the `realloop` command line as users do, in `cwd`."""
+    return subprocess.run(
+        [sys.executable, "-m", "flows.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )

@@ -1,22 +1,10 @@
 """`realloop cell ...` as users and scripts call it."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import ROOT
-
-
-def realloop(*args, cwd=ROOT):
-    return subprocess.run(
-        [sys.executable, "-m", "flows.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+from tests.conftest import realloop
 
 
 def test_eval_json_has_the_documented_keys():
