@@ -40,21 +40,52 @@ def resolve_controller(policy: str, params_path: Path):
 @fails_cleanly
 def pretrain(
     params_path: ParamsOpt = Path("params.yaml"),
-    out: Annotated[Path | None, typer.Option(help="overrides pretrain.out")] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="overrides pretrain.out (pretrain.calibrated_out)")
+    ] = None,
+    calibration: Annotated[
+        Path | None,
+        typer.Option(help="sim-calibration.yaml from `realloop calibrate`: pretrain in that sim"),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Behaviour cloning + DAgger in the domain-randomized sim; writes the sim policy."""
+    """Behaviour cloning + DAgger in the domain-randomized sim; writes the sim policy.
+    With --calibration, the sim first takes the line's estimated parameters and ranges."""
     from pipelines.params import load_params
     from pipelines.policy import save_policy
     from refcell.pretrain import pretrain as run_pretrain
-    from refcell.world import load_world
 
     params = load_params(params_path)
+    world, pretrain_params, identity = _pretrain_world(params.pretrain, calibration)
     with progress_bar(not as_json) as update:
-        net = run_pretrain(load_world("sim"), params.cell, params.pretrain, progress=update)
-    folder = save_policy(net, out or Path(params.pretrain.out))
+        net = run_pretrain(world, params.cell, pretrain_params, progress=update, **identity)
+    default_out = params.pretrain.calibrated_out if calibration else params.pretrain.out
+    folder = save_policy(net, out or Path(default_out))
     payload = {"policy": str(folder), "version": net.config.version, **net.config.trained_on}
-    emit(payload, as_json, lambda p: stdout.print(f"sim policy written to {p['policy']}"))
+    emit(
+        payload, as_json, lambda p: stdout.print(f"{p['version']} policy written to {p['policy']}")
+    )
+
+
+def _pretrain_world(params, calibration: Path | None):
+    """(world, pretrain params, policy identity): the plain sim, or the calibrated one with
+    the calibration's randomization ranges and its own delay distribution."""
+    import dataclasses
+
+    from pipelines.ingest import sha256_file
+    from pipelines.params import RandomizationParams
+    from refcell.world import calibrated_world, load_world
+
+    if calibration is None:
+        return load_world("sim"), params, {}
+    world, ranges = calibrated_world(calibration)
+    merged = {**dataclasses.asdict(params.randomization), **ranges, "latency_steps": None}
+    randomization = RandomizationParams(**merged)
+    identity = {
+        "version": "sim-cal-0",
+        "trained_on": {"world": "calibrated sim", "calibration": sha256_file(calibration)},
+    }
+    return world, dataclasses.replace(params, randomization=randomization), identity
 
 
 @app.command("eval")

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import typer
 
-from flows import cell, commands, drift_cli, serve_cli, triage_cli, validate_cli
+from flows import (
+    calibrate_cli,
+    cell,
+    commands,
+    drift_cli,
+    serve_cli,
+    triage_cli,
+    validate_cli,
+)
 
 app = typer.Typer(
     help="realloop: real line logs in, gated and promoted models out to the edge box.",
@@ -22,6 +30,7 @@ app.command("drift")(drift_cli.drift_command)
 app.command("triage")(triage_cli.triage_command)
 app.command("validate")(validate_cli.validate_command)
 app.command("admit")(validate_cli.admit_command)
+app.command("calibrate")(calibrate_cli.calibrate_command)
 
 if __name__ == "__main__":
     app()

@@ -13,8 +13,9 @@ def production_alias(params: Params) -> str:
 
 
 def current_policy(params: Params, params_path: Path, workspace: Path) -> dict:
-    """The incumbent: the registry's `<cell>-production` version, or the sim policy before the
-    first promotion (pretrained here if it does not exist yet)."""
+    """The incumbent: the registry's `<cell>-production` version; before the first promotion,
+    the policy pretrained in the calibrated sim (`cell pretrain --calibration`) if there is
+    one, else the sim policy (pretrained here if it does not exist yet)."""
     from pipelines import tracking
 
     production = tracking.production_version(
@@ -28,6 +29,14 @@ def current_policy(params: Params, params_path: Path, workspace: Path) -> dict:
             "source": "registry",
             "model_version": production.version,
             "policy_version": _policy_version(folder),
+        }
+    calibrated = workspace / params.pretrain.calibrated_out
+    if (calibrated / "config.json").is_file():  # pretrained in the sim calibrated to this line
+        return {
+            "folder": calibrated,
+            "source": "calibrated sim",
+            "model_version": None,
+            "policy_version": _policy_version(calibrated),
         }
     folder = workspace / params.pretrain.out
     if not (folder / "config.json").is_file():

@@ -50,7 +50,7 @@ class RandomizationParams:
     part_mass_kg: tuple[float, float]
     joint_damping: tuple[float, float]
     pose_noise_m: tuple[float, float]
-    latency_steps: tuple[int, int]
+    latency_steps: tuple[int, int] | None = None  # None: the world's own delay distribution
 
 
 @dataclass(frozen=True, config=_STRICT)
@@ -64,6 +64,7 @@ class PretrainParams:
     learning_rate: float
     hidden: tuple[int, ...]
     out: str
+    calibrated_out: str  # `cell pretrain --calibration`: the loop's base policy when present
     randomization: RandomizationParams
 
 
@@ -171,6 +172,7 @@ class TriageParams:
     nominal_part_extent_m: float  # the part the cell is built for: its measured size
     extent_tolerance_m: float  # a part further off nominal than this is a different part
     max_part_turn_rad: float  # ...and so is one that turns further while pushed (a box)
+    min_push_gap_m: float  # a larger part is blamed when the push gap is at least this
     pusher_radius_m: float
     min_confidence: float  # perception: mean confidence below this
     max_penetration_m: float  # ...or the pusher appears this deep inside the part
@@ -184,6 +186,17 @@ class TriageParams:
     max_slide_m: float  # physics: the part moved this far other than with the pusher
     worst_per_class: int  # worst episodes listed per class
     queue_length: int  # captures listed in the human report (JSON lists all)
+
+
+@dataclass(frozen=True, config=_STRICT)
+class CalibrateParams:
+    episodes: int  # the most recent line episodes the fit uses
+    min_episodes: int  # fewer: refuse, the estimates would mislead
+    out: str  # sim-calibration.yaml for the simulation team (and `cell pretrain`)
+    plots: str  # replayed-vs-logged and fit-profile PNGs
+    experiment: str  # MLflow experiment of calibration runs
+    randomization_sigmas: float  # DR range: estimate +- this many standard errors...
+    randomization_floor: float  # ...and at least +- this fraction of the estimate
 
 
 @dataclass(frozen=True, config=_STRICT)
@@ -201,6 +214,7 @@ class Params:
     serve: ServeParams
     drift: DriftParams
     triage: TriageParams
+    calibrate: CalibrateParams
 
 
 def load_params(path: str | Path = DEFAULT_PARAMS) -> Params:

@@ -212,6 +212,72 @@ class EpochLogger:
         self.flush()  # the epochs that ran are worth keeping, even when training failed
 
 
+def log_calibration_run(
+    workspace: Path,
+    experiment: str,
+    calibration: Mapping[str, Any],
+    dataset_version: str,
+    dataset_source: str,
+    dataset_profile: Mapping[str, Any],
+    artifacts: list[Path],
+) -> str:
+    """Record a real-to-sim calibration as its own run; return the run id.
+
+    Each estimate is a metric under its world-file key (`physics.friction`), its standard
+    error under `std.<key>`; the dataset version is tagged and attached as the run's input
+    (context "calibration"), as a fine-tuning run does; `artifacts` (sim-calibration.yaml,
+    plots, the full JSON) are uploaded as they are.
+    """
+    _quiet_mlflow()
+    from mlflow.entities import DatasetInput, InputTag, Metric, Param
+
+    dataset = _line_dataset(workspace, dataset_version, dataset_source, dataset_profile)
+    use_workspace(workspace)
+    client = _client(workspace)
+    run = client.create_run(
+        _experiment_id(client, workspace, experiment),
+        run_name=f"calibrate-{dataset_version[:12]}",
+        tags={DATASET_VERSION_TAG: dataset_version, DVC_HASH_TAG: dataset_version},
+    )
+    run_id, status = run.info.run_id, "FAILED"
+    try:
+        now = int(time.time() * 1000)
+        numbers = {
+            **_numeric(_flatten(calibration["world"], keep_lists=False)),
+            **{f"std.{k}": v for k, v in _numeric(_flatten(calibration["uncertainty"])).items()},
+        }
+        fit = calibration.get("fit", {})
+        params = {
+            "episodes": fit.get("episodes"),
+            "steps": fit.get("steps"),
+            **{f"identified.{k}": v for k, v in calibration.get("identified", {}).items()},
+        }
+        client.log_batch(
+            run_id,
+            metrics=[Metric(k, v, now, 0) for k, v in numbers.items()],
+            params=[Param(k, str(v)) for k, v in params.items()],
+        )
+        tags = [
+            InputTag("mlflow.data.context", "calibration"),
+            InputTag(DATASET_VERSION_TAG, dataset_version),
+        ]
+        client.log_inputs(run_id, datasets=[DatasetInput(dataset, tags)])
+        for path in artifacts:
+            client.log_artifact(run_id, str(path))
+        status = "FINISHED"
+    finally:
+        client.set_terminated(run_id, status)
+    return run_id
+
+
+def _numeric(flat: Mapping[str, Any]) -> dict[str, float]:
+    return {
+        k: float(v)
+        for k, v in flat.items()
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    }
+
+
 def log_learning_curve(
     history: list[EpochMetrics], run_id: str | None = None, *, workspace: Path | None = None
 ) -> None:

@@ -16,6 +16,7 @@ Each failed episode, and each edge-case capture, gets one of `CLASSES`:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -43,6 +44,7 @@ QUEUE_CLASS_ORDER = (SAFETY, NOVEL_PART, CONTROL, PHYSICS, PERCEPTION)
 QUEUE_REASON_ORDER = ("safety_stop", "operator_flag", "near_failure", "retry", "low_confidence")
 CAPTURES_DIR = "captures"
 _SMOOTH_STEPS = 5  # moving-average window for perceived part motion and yaw
+_MIN_PUSH_STEPS = 3  # fewer pushing steps than this: no push gap (NaN)
 
 
 # --- signals -----------------------------------------------------------------------------
@@ -70,6 +72,7 @@ class Signals:
     confidence_min: float
     pose_jitter_m: float  # std of perceived position noise per axis, part at rest
     penetration_m: float  # deepest the pusher appears inside the perceived part
+    push_gap_m: float  # perceived gap between pusher and part while it pushes (signed)
     latency_steps: float  # command-to-velocity lag that best cross-correlates them
     tracking_error_mps: float  # RMS of measured minus commanded velocity at that lag
     slide_m: float  # distance the part moved other than with the pusher (slip)
@@ -164,6 +167,7 @@ def _signals(
         confidence_min=float(np.min(w["part_confidence"])) if n else float("nan"),
         pose_jitter_m=_pose_jitter(part, pusher, contact, params),
         penetration_m=_penetration(part, pusher, contact),
+        push_gap_m=_push_gap(part, pusher, w["joint_velocity"], contact, cell.dt, params),
         latency_steps=latency,
         tracking_error_mps=tracking,
         slide_m=_slide(part, w["joint_velocity"], cell.dt, params),
@@ -216,6 +220,41 @@ def _penetration(part: np.ndarray, pusher: np.ndarray, contact: float) -> float:
         return float("nan")
     distance = _smooth(np.linalg.norm(part - pusher, axis=1), 3)
     return float(max(0.0, contact - float(np.min(distance))))
+
+
+def _push_gap(
+    part: np.ndarray,
+    pusher: np.ndarray,
+    pusher_velocity: np.ndarray,
+    contact: float,
+    dt: float,
+    params: TriageParams,
+) -> float:
+    """The perceived gap between the pusher's surface and the part's edge while the pusher
+    pushes the part, signed: the median over the steps where the part moves away from the
+    pusher and the pusher moves towards it, the two within `jitter_clearance_m`. In contact
+    the true gap is 0, so this is the camera's offset along the push: > 0 when the camera
+    places the part further along the push than the pusher can be touching it, < 0 when the
+    pusher appears inside it (`penetration_m` sees only that side). NaN with fewer than
+    `_MIN_PUSH_STEPS` such steps."""
+    if len(part) < 2 * _SMOOTH_STEPS:
+        return float("nan")
+    part_s, pusher_s, pushing_v = _smooth(part), _smooth(pusher), _smooth(pusher_velocity)
+    towards = part_s - pusher_s
+    distance = np.linalg.norm(towards, axis=1)
+    normal = towards / np.maximum(distance, 1e-9)[:, None]
+    velocity = np.gradient(part_s, dt, axis=0)
+    speed = np.linalg.norm(velocity, axis=1)
+    gap = distance - contact
+    pushed = (
+        (speed > params.slide_speed_mps)
+        & (np.sum(pushing_v * normal, axis=1) > params.slide_speed_mps)
+        & (np.sum(velocity * normal, axis=1) > 0.5 * speed)  # away from the pusher
+        & (gap < params.jitter_clearance_m)
+    )
+    if pushed.sum() < _MIN_PUSH_STEPS:
+        return float("nan")
+    return float(np.median(gap[pushed]))
 
 
 def _latency(
@@ -345,13 +384,35 @@ def class_evidence(s: Signals, params: TriageParams) -> dict[str, list[Evidence]
     }
 
 
+def _part_to_blame(s: Signals, shape: list[Evidence], params: TriageParams) -> list[Evidence]:
+    """The part-shape evidence that blames the part, with a healthy camera; [] if none.
+
+    Only a part larger than nominal is blamed, and only when the camera's offset along the
+    push does not cancel its extra size. The policy places its pusher for the nominal part,
+    so a larger part meets the pusher early, as if the camera saw the part further along the
+    push; a camera offset that way (`push_gap_m` >= `min_push_gap_m`) adds to it, and a
+    standard part, met where the policy expects it, would not have had that error. An offset
+    the other way cancels the extra size: the failure is the offset's, which a standard part
+    suffers alike. Without pushing steps to measure the gap, the part is not blamed. A part
+    that only turns (a box) is not blamed either: no logged signal tells whether a cylinder
+    would have made it (docs/triage.md, "Limits"); it is listed in `also`.
+    """
+    larger = s.extent_offset_m > params.extent_tolerance_m
+    if larger and np.isfinite(s.push_gap_m) and s.push_gap_m >= params.min_push_gap_m:
+        detail = f"push_gap_m {s.push_gap_m:.4f} >= {params.min_push_gap_m}"
+        return [
+            dataclasses.replace(e, detail=detail) for e in shape if e.signal == "extent_offset_m"
+        ]
+    return []
+
+
 def classify(s: Signals, params: TriageParams) -> Verdict:
     """One class for a failed episode or a capture window: the first rule of RULES that holds.
 
     - safety: the cell stopped on a safety limit. Certain, and nothing else matters.
-    - novel_part: the part is not the one the cell was built for (size, or it turns like a
-      box) while perception looks healthy: a standard part in the same conditions would
-      most likely have made it.
+    - novel_part: the part is larger than the one the cell was built for, perception looks
+      healthy, and the camera's offset along the push does not cancel the part's extra size:
+      a standard part would not have suffered that error (`_part_to_blame`).
     - perception: the camera was unsure, noisy, or offset (the pusher appears inside the part).
     - control: commands reached the gantry late, or it tracked them poorly.
     - physics: the part slid other than with the pusher (a slippery table, a heavier part).
@@ -371,12 +432,15 @@ def classify(s: Signals, params: TriageParams) -> Verdict:
     if holds[SAFETY]:
         return verdict("safety_stop", SAFETY, holds[SAFETY])
     if holds[NOVEL_PART] and not holds[PERCEPTION]:
-        return verdict("novel_part_with_healthy_perception", NOVEL_PART, holds[NOVEL_PART])
+        blamed = _part_to_blame(s, holds[NOVEL_PART], params)
+        if blamed:
+            return verdict("novel_part_with_healthy_perception", NOVEL_PART, blamed)
     for rule, cls in RULES[2:5]:
         if holds[cls]:
             return verdict(rule, cls, holds[cls])
+    # The part's shape never decides on its own: it was checked, with its conditions, above.
     strongest = max(
-        (PERCEPTION, CONTROL, PHYSICS, NOVEL_PART),
+        (PERCEPTION, CONTROL, PHYSICS),
         key=lambda c: max((e.strength for e in evidence[c]), default=0.0),
     )
     decided = sorted(evidence[strongest], key=lambda e: -e.strength)[:1]

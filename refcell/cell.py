@@ -17,6 +17,7 @@ from pipelines.schema import ACTION_SIZE
 from refcell.mjcf import PART_MASS_IN_MJCF, SUBSTEP_S, build_model
 from refcell.world import (
     PartVariant,
+    Physics,
     ShiftConditions,
     World,
     draw_latency,
@@ -61,6 +62,21 @@ class StepResult:
     failure: str | None = None  # what the cell itself can tell: timeout, part_lost, safety_stop
     contact_force_n: float = 0.0
     applied_action: np.ndarray = field(default_factory=lambda: np.zeros(ACTION_SIZE))
+
+
+def apply_physics(
+    model: mujoco.MjModel, physics: Physics, part: PartVariant, base_inertia: np.ndarray
+) -> None:
+    """Set the part's mass (and inertia with it), table friction and gantry damping."""
+    mass = physics.part_mass_kg * part.mass_scale
+    part_body = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, "part")
+    model.body_mass[part_body] = mass
+    model.body_inertia[part_body] = base_inertia * (mass / PART_MASS_IN_MJCF)
+    sliding = physics.friction * mass * GRAVITY
+    # Coulomb friction of the part on the table; turning resists over half its size.
+    model.dof_frictionloss[2:4] = sliding
+    model.dof_frictionloss[4] = sliding * 0.5 * part.size_m
+    model.dof_damping[0:2] = physics.joint_damping
 
 
 class Cell:
@@ -158,16 +174,9 @@ class Cell:
         return model, data
 
     def _apply_physics(self) -> None:
-        physics, m = self.episode_world.physics, self.model
-        mass = physics.part_mass_kg * self.part.mass_scale
-        part_body = mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_BODY, "part")
-        m.body_mass[part_body] = mass
-        m.body_inertia[part_body] = self._base_inertia[self.part.name] * (mass / PART_MASS_IN_MJCF)
-        sliding = physics.friction * mass * GRAVITY
-        # Coulomb friction of the part on the table; turning resists over half its size.
-        m.dof_frictionloss[2:4] = sliding
-        m.dof_frictionloss[4] = sliding * 0.5 * self.part.size_m
-        m.dof_damping[0:2] = physics.joint_damping
+        apply_physics(
+            self.model, self.episode_world.physics, self.part, self._base_inertia[self.part.name]
+        )
 
     def _place_bodies(self) -> None:
         rng = self.rng["start"]

@@ -61,13 +61,16 @@ def pretrain(
     params: PretrainParams,
     progress: Progress | None = None,
     on_epoch: Callable[[EpochMetrics], None] | None = None,
+    version: str = "sim-0",
+    trained_on: dict | None = None,
 ) -> PolicyNet:
+    """`sim_world` may be the plain sim or a calibrated one (refcell.world.calibrated_world)."""
     seed_everything(params.seed)
     net = PolicyNet(
         PolicyConfig(
             hidden=list(params.hidden),
-            version="sim-0",
-            trained_on={"world": "sim", "seed": params.seed},
+            version=version,
+            trained_on={"world": "sim", "seed": params.seed, **(trained_on or {})},
         )
     )
     cell = Cell(sim_world, cell_params)

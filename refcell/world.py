@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import yaml
-from pydantic import ConfigDict, TypeAdapter
+from pydantic import ConfigDict, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass
 
 WORLDS_DIR = Path(__file__).parent / "worlds"
@@ -84,6 +84,32 @@ def world_as_dict(world: World) -> dict:
     return dataclasses.asdict(world)
 
 
+def calibrated_world(calibration_path: str | Path, base: str = "sim") -> tuple[World, dict]:
+    """The sim with a calibration's estimates in place (sim-calibration.yaml, written by
+    `realloop calibrate`), and the calibration's domain-randomization ranges."""
+    path = Path(calibration_path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: file not found; run `realloop calibrate` first") from None
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not valid YAML ({exc.__class__.__name__})") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("world"), dict):
+        raise ValueError(f"{path}: no `world:` section; is this a realloop calibration file?")
+    merged = world_as_dict(load_world(base))
+    for section, values in raw["world"].items():
+        if section not in merged or not isinstance(values, dict):
+            raise ValueError(f"{path}: world.{section}: not a section of a world file")
+        merged[section].update(values)
+    try:
+        world = TypeAdapter(World).validate_python(merged)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ValueError(f"{path}: world.{where}: {first['msg']}") from None
+    return world, dict(raw.get("randomization") or {})
+
+
 @dataclasses.dataclass(frozen=True)
 class ShiftConditions:
     """What changes over a shift: lighting drifts, load comes and goes."""
@@ -124,6 +150,8 @@ def randomized(world: World, ranges, rng: np.random.Generator) -> World:
     perception = dataclasses.replace(
         world.perception, pose_noise_m=float(rng.uniform(*lo_hi("pose_noise_m")))
     )
+    if lo_hi("latency_steps") is None:  # keep the world's own delay distribution
+        return dataclasses.replace(world, physics=physics, perception=perception)
     low, high = lo_hi("latency_steps")
     latency = dataclasses.replace(world.latency, steps={int(rng.integers(low, high + 1)): 1.0})
     return dataclasses.replace(world, physics=physics, perception=perception, latency=latency)

@@ -163,6 +163,28 @@ def test_a_box_turns_a_cylinder_does_not(params):
     assert box.extent_offset_m == pytest.approx(-0.004, abs=1e-6)
 
 
+@pytest.mark.parametrize("offset", [0.008, -0.008])
+def test_push_gap_is_the_camera_offset_along_the_push(params, offset):
+    """Pushed along +x, a camera offset along x shows as the gap between the pusher and the
+    part's edge while they move together: positive ahead, negative (inside) behind."""
+    n = 100
+    velocity = np.tile([0.10, 0.0], (n, 1))  # the pusher drives the part along +x
+    pusher = np.column_stack([np.arange(n) * 0.005 - 0.2, np.zeros(n)])
+    contact = params.triage.pusher_radius_m + 0.060 / 2
+    rng = np.random.default_rng(3)
+    part = pusher + np.array([contact + offset, 0.0]) + rng.normal(0, 0.001, (n, 2))
+    s = _signals_of(_tables("e-1", part, pusher, velocity / 0.30, velocity), params)
+    assert s.push_gap_m == pytest.approx(offset, abs=0.002)
+    assert s.penetration_m == pytest.approx(max(0.0, -offset), abs=0.003)
+
+
+def test_no_push_no_push_gap(params):
+    perceived, pusher, command, velocity = _push(1)
+    far = pusher - np.array([0.2, 0.0])  # the pusher never near the part
+    s = _signals_of(_tables("e-1", perceived, far, command, velocity), params)
+    assert np.isnan(s.push_gap_m)
+
+
 def test_a_part_running_ahead_of_the_pusher_slides(params):
     still = _signals_of(_tables("e-1", *_push(1, pose_noise=0.0005)), params)
     sliding = _signals_of(_tables("e-1", *_push(1, pose_noise=0.0005, slide=True)), params)
@@ -185,6 +207,7 @@ def _healthy(**changes) -> Signals:
         confidence_min=0.9,
         pose_jitter_m=0.002,
         penetration_m=0.002,
+        push_gap_m=0.001,
         latency_steps=1.0,
         tracking_error_mps=0.02,
         slide_m=0.002,
@@ -206,7 +229,21 @@ def _healthy(**changes) -> Signals:
             NOVEL_PART,
             "novel_part_with_healthy_perception",
         ),
-        ({"yaw_turn_rad": 2.0}, NOVEL_PART, "novel_part_with_healthy_perception"),
+        # a larger part whose extra size the camera's offset cancels: not the part's fault
+        (
+            {"extent_offset_m": 0.03, "push_gap_m": -0.008, "latency_steps": 4.0},
+            CONTROL,
+            "control_off",
+        ),
+        # no pushing steps to tell which way the camera is offset: the part is not blamed
+        (
+            {"extent_offset_m": 0.03, "push_gap_m": float("nan"), "latency_steps": 4.0},
+            CONTROL,
+            "control_off",
+        ),
+        # a part that turns like a box is listed, never blamed on its own
+        ({"yaw_turn_rad": 2.0, "latency_steps": 4.0}, CONTROL, "control_off"),
+        ({"yaw_turn_rad": 2.0, "slide_m": 0.075}, PHYSICS, "strongest_evidence"),
         # a novel part seen by an unhealthy camera: perception comes first
         ({"extent_offset_m": 0.03, "penetration_m": 0.03}, PERCEPTION, "perception_off"),
         (
@@ -227,6 +264,15 @@ def test_rules_in_order(params, changes, expected, rule):
     assert verdict.evidence, "a verdict names the signals that decided it"
     if rule != "strongest_evidence":
         assert all(e.strength > 1 for e in verdict.evidence)
+    shaped = abs(changes.get("extent_offset_m", 0.0)) > 0.0035 or changes.get("yaw_turn_rad", 0) > 1
+    if shaped and expected != NOVEL_PART:
+        assert NOVEL_PART in verdict.also, "the part's shape is still shown to people"
+
+
+def test_a_blamed_part_names_the_push_gap(params):
+    verdict = classify(_healthy(extent_offset_m=0.03, push_gap_m=0.006), params.triage)
+    assert [e.signal for e in verdict.evidence] == ["extent_offset_m"]
+    assert verdict.evidence[0].detail.startswith("push_gap_m 0.0060 >=")
 
 
 # --- recorded shifts -------------------------------------------------------------------------
@@ -422,12 +468,10 @@ def test_triage_command_fails_in_one_line_without_a_dataset(params_path, tmp_pat
 
 GATE_EPISODES, GATE_SEED = 1000, 4242  # seed chosen before the rules were scored on it
 MIN_CASES, MIN_PRECISION = 20, 0.80
-# Where the logs cannot reach MIN_PRECISION, a floor below what was measured (docs/triage.md,
-# "Limits"): whether a standard part would have succeeded where a novel one failed is a
-# counterfactual the logs do not hold; about a third of novel-part failures in good light
-# are credited to the camera offset instead. Measured at GATE_SEED: 6 of 9 episodes (0.67),
-# 3 of 5 captures (0.60); with so few verdicts one flip moves precision by 11-20 points.
-KNOWN_LIMITS = {NOVEL_PART: 0.50}
+# Every class with at least MIN_CASES true cases is held to MIN_PRECISION, episodes and
+# captures alike. novel_part is decided on few episodes (2-4 per 1,000): one wrong verdict
+# moves its precision by 25-50 points, and at seed 4343 it scores 0 of 2 (docs/triage.md,
+# "Limits"); this test gates seed GATE_SEED only.
 
 
 @pytest.mark.slow
@@ -454,5 +498,4 @@ def test_precision_against_ground_truth_on_a_recorded_shift(params, tmp_path_fac
         gated = {c: m for c, m in scored["classes"].items() if m["support"] >= MIN_CASES}
         assert PERCEPTION in gated and SAFETY in gated, Counter(truth.values())
         for cls, m in gated.items():
-            floor = KNOWN_LIMITS.get(cls, MIN_PRECISION)
-            assert m["precision"] is not None and m["precision"] >= floor, (cls, m)
+            assert m["precision"] is not None and m["precision"] >= MIN_PRECISION, (cls, m)

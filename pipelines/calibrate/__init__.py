@@ -1,0 +1,10 @@
+"""Real-to-sim calibration: the line's latency, noise, perception and physics from its logs.
+
+`calibrate` returns a `Calibration` whose `world` section uses exactly the keys and units of
+a refcell world file, so an estimate can be held against the line's true value and the sim
+can load it. See docs/calibration.md for the method and what the logs cannot identify.
+"""
+
+from pipelines.calibrate.fit import Calibration, calibrate
+
+__all__ = ["Calibration", "calibrate"]

@@ -1,0 +1,195 @@
+"""Sensor and perception noise, confidence and camera bias as they vary with lighting.
+
+Every estimate uses a moment where the truth is known without seeing it:
+- the part sits still until the pusher first reaches it, so perceived-pose scatter over
+  that prefix is pure perception noise;
+- within an episode the lighting is constant, so confidence scatter is its noise;
+- lighting follows the shift clock, l = (1 - cos(2 pi phase)) / 2, the sim's lighting model;
+  its amplitude cannot be told apart from the per-unit effects, so it is fixed at 1 and the
+  confidence drop and bias drift carry the scale;
+- while the pusher pushes, the part's centre sits exactly (pusher radius + part radius)
+  from the pusher, whose joint sensors have no bias. The perceived offset from that circle is
+  the camera bias: b = b0 + drift * l, fitted with a robust loss over all pushing steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from pipelines.calibrate.latency import LatencyFit
+from pipelines.calibrate.logs import LoggedEpisode
+
+APPROACH_MARGIN_M = 0.04  # beyond any camera bias we expect: the pusher is surely clear
+PUSH_BAND_M = 0.015  # a pushing step: pusher-to-part distance within this of contact
+MIN_PUSH_SPEED_MPS = 0.05
+
+
+def lighting(phase: float | np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 - np.cos(2.0 * np.pi * np.asarray(phase, float)))
+
+
+def part_radius(episode: LoggedEpisode) -> float:
+    return float(np.nanmean(episode.part_extent_m)) / 2.0
+
+
+def clear_of_part(episode: LoggedEpisode, pusher_radius_m: float) -> np.ndarray:
+    """Steps where the pusher is surely not touching the part, whatever the camera bias."""
+    reach = pusher_radius_m + part_radius(episode) * np.sqrt(2) + APPROACH_MARGIN_M
+    return np.linalg.norm(episode.part_xy - episode.joint_position, axis=1) > reach
+
+
+def rest_prefix(episode: LoggedEpisode, pusher_radius_m: float) -> int:
+    """Number of leading steps before the pusher first comes near the part."""
+    clear = clear_of_part(episode, pusher_radius_m)
+    return int(np.argmin(clear)) if not clear.all() else episode.steps
+
+
+@dataclass(frozen=True)
+class Estimate:
+    value: float
+    std: float  # standard error of the estimate
+
+    def as_dict(self) -> dict:
+        return {"value": self.value, "std": self.std}
+
+
+def pooled_std(groups: list[np.ndarray]) -> Estimate:
+    """Within-group standard deviation (each group has its own mean), with its standard error."""
+    groups = [g for g in groups if len(g) >= 3]
+    squares = sum(float(((g - g.mean(0)) ** 2).sum()) for g in groups)
+    dof = sum((len(g) - 1) * (g.shape[1] if g.ndim > 1 else 1) for g in groups)
+    std = float(np.sqrt(squares / max(dof, 1)))
+    return Estimate(std, std / np.sqrt(2 * max(dof, 1)))
+
+
+def robust_std(values: np.ndarray) -> float:
+    """Normal-consistent MAD: indifferent to the odd mis-modelled step."""
+    return float(1.4826 * np.median(np.abs(values - np.median(values))))
+
+
+def joint_noise(
+    episodes: list[LoggedEpisode],
+    latency: LatencyFit,
+    free: list[np.ndarray],
+    max_speed_mps: float,
+    dt: float,
+) -> dict[str, Estimate]:
+    """Velocity noise from the servo model's residual; position noise from the position
+    increment the servo model predicts over each step (exact first-order response)."""
+    alpha, beta = latency.alpha, latency.beta
+    velocity_noise = latency.sigma / np.sqrt(1.0 + alpha**2)
+    tau = -dt / np.log(alpha)
+    residuals = []
+    for episode, ages, clear in zip(episodes, latency.applied_age, free, strict=True):
+        k = np.arange(episode.steps - 1)
+        issued = k - ages
+        applied = np.where(
+            (issued >= 0)[:, None], episode.command[np.maximum(issued, 0)] * max_speed_mps, 0.0
+        )
+        v_steady = beta / (1.0 - alpha) * applied
+        v_now = episode.joint_velocity[:-1]
+        travelled = v_steady * dt + (v_now - v_steady) * tau * (1.0 - alpha)
+        moved = np.diff(episode.joint_position, axis=0)
+        keep = clear[:-1] & clear[1:]
+        residuals.append((moved - travelled)[keep].ravel())
+    spread = robust_std(np.concatenate(residuals))
+    from_velocity = velocity_noise * tau * (1.0 - alpha)
+    position_noise = np.sqrt(max(spread**2 - from_velocity**2, 0.0) / 2.0)
+    n = sum(len(r) for r in residuals)
+    return {
+        "joint_position_noise_m": Estimate(position_noise, position_noise / np.sqrt(n)),
+        "joint_velocity_noise_mps": Estimate(
+            velocity_noise, velocity_noise / np.sqrt(2 * len(latency.applied_age) * 50)
+        ),
+    }
+
+
+def perception_noise(episodes: list[LoggedEpisode], pusher_radius_m: float) -> dict[str, Estimate]:
+    prefixes = [rest_prefix(e, pusher_radius_m) for e in episodes]
+    return {
+        "pose_noise_m": pooled_std(
+            [e.part_xy[:n] for e, n in zip(episodes, prefixes, strict=True)]
+        ),
+        "yaw_noise_rad": pooled_std(
+            [e.part_yaw[:n] for e, n in zip(episodes, prefixes, strict=True)]
+        ),
+        "confidence_noise": pooled_std([e.confidence for e in episodes]),
+    }
+
+
+def confidence_model(episodes: list[LoggedEpisode]) -> dict[str, Estimate]:
+    """Episode-mean confidence = base - drop * lighting, by least squares."""
+    light = lighting([e.shift_phase for e in episodes])
+    means = np.array([e.confidence.mean() for e in episodes])
+    design = np.column_stack([np.ones_like(light), -light])
+    (base, drop), covariance = _least_squares(design, means)
+    return {
+        "confidence_base": Estimate(float(base), float(np.sqrt(covariance[0, 0]))),
+        "confidence_drop": Estimate(float(drop), float(np.sqrt(covariance[1, 1]))),
+    }
+
+
+def _least_squares(design: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    coef, *_ = np.linalg.lstsq(design, y, rcond=None)
+    dof = max(len(y) - design.shape[1], 1)
+    noise = float(((y - design @ coef) ** 2).sum()) / dof
+    return coef, noise * np.linalg.pinv(design.T @ design)
+
+
+def camera_bias(
+    episodes: list[LoggedEpisode], pusher_radius_m: float, rounds: int = 3
+) -> dict[str, Estimate]:
+    """b = b0 + drift * lighting from the contact geometry of pushing steps."""
+    reference = reference_part_episodes(episodes)
+    coef = np.zeros(4)  # bias_x, bias_y, drift_x, drift_y
+    band = APPROACH_MARGIN_M
+    for _ in range(rounds):
+        offsets, radii, light = _pushing_steps(reference, pusher_radius_m, coef, band)
+        fit = least_squares(
+            _contact_residual, coef, args=(offsets, radii, light), loss="soft_l1", f_scale=0.005
+        )
+        coef, band = fit.x, PUSH_BAND_M
+    covariance = _covariance(fit)
+    names = ("bias_x_m", "bias_y_m", "bias_drift_x_m", "bias_drift_y_m")
+    return {
+        name: Estimate(float(value), float(np.sqrt(covariance[i, i])))
+        for i, (name, value) in enumerate(zip(names, coef, strict=True))
+    }
+
+
+def reference_part_episodes(episodes: list[LoggedEpisode]) -> list[LoggedEpisode]:
+    """Episodes with the most common part: their contact radius is known from the extent."""
+    extents = np.array([np.nanmean(e.part_extent_m) for e in episodes])
+    typical = np.nanmedian(extents)
+    return [e for e, x in zip(episodes, extents, strict=True) if abs(x - typical) < 0.002]
+
+
+def _pushing_steps(episodes, pusher_radius_m, coef, band):
+    offsets, radii, light = [], [], []
+    for episode in episodes:
+        contact = pusher_radius_m + part_radius(episode)
+        level = float(lighting(episode.shift_phase))
+        bias = coef[:2] + coef[2:] * level
+        offset = episode.part_xy - episode.joint_position
+        distance = np.linalg.norm(offset - bias, axis=1)
+        towards = (episode.joint_velocity * (offset - bias)).sum(1) / np.maximum(distance, 1e-9)
+        pushing = (np.abs(distance - contact) < band) & (towards > MIN_PUSH_SPEED_MPS)
+        offsets.append(offset[pushing])
+        radii.append(np.full(pushing.sum(), contact))
+        light.append(np.full(pushing.sum(), level))
+    return np.concatenate(offsets), np.concatenate(radii), np.concatenate(light)
+
+
+def _contact_residual(coef, offsets, radii, light):
+    bias = coef[:2] + coef[2:] * light[:, None]
+    return np.linalg.norm(offsets - bias, axis=1) - radii
+
+
+def _covariance(fit) -> np.ndarray:
+    jac = fit.jac
+    dof = max(len(fit.fun) - len(fit.x), 1)
+    scale = 1.4826 * np.median(np.abs(fit.fun))
+    return np.linalg.pinv(jac.T @ jac) * scale**2 * len(fit.fun) / dof

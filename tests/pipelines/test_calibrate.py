@@ -1,0 +1,264 @@
+"""Real-to-sim calibration: unit checks of each estimator, then the whole command on a
+recorded line shift, scored against the line's true parameters (refcell's line.yaml)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import yaml
+
+from pipelines.calibrate.latency import delays_from_ages
+from pipelines.calibrate.logs import shift_position
+from pipelines.calibrate.physics import _parabola_vertex
+from pipelines.calibrate.sensing import pooled_std
+from refcell.world import WORLDS_DIR, calibrated_world, load_world, randomized
+from tests.conftest import ROOT, realloop
+
+pytestmark = pytest.mark.timeout(900)
+LINE = yaml.safe_load((WORLDS_DIR / "line.yaml").read_text())
+EPISODES = 300  # the issue's budget: every estimate from at most 300 recorded episodes
+
+
+def ages_from_delays(delay_pmf: np.ndarray) -> np.ndarray:
+    """P(age > a) = prod_{j<=a} P(delay > j): the forward model the estimator inverts."""
+    survive = 1.0 - np.cumsum(delay_pmf)
+    older = np.cumprod(survive)
+    return -np.diff(np.r_[1.0, older])
+
+
+def test_delay_distribution_is_recovered_from_the_age_distribution():
+    delays = np.array([0.0, 0.3, 0.5, 0.2, 0.0, 0.0, 0.0])
+    ages = ages_from_delays(delays)
+    assert ages[0] == 0.0 and ages[2] > ages[1]  # a command is never applied before it arrives
+    assert np.allclose(delays_from_ages(ages), delays, atol=1e-12)
+
+
+def test_shift_position_reads_the_data_contract_episode_id():
+    assert shift_position("cell-07-20261202T150614Z-00293") == ("20261202T150614Z", 293)
+
+
+def test_pooled_std_removes_each_groups_own_mean():
+    rng = np.random.default_rng(0)
+    groups = [rng.normal(offset, 0.5, 200) for offset in (-10.0, 0.0, 25.0)]
+    estimate = pooled_std(groups)
+    assert estimate.value == pytest.approx(0.5, rel=0.08)
+    assert 0 < estimate.std < 0.05
+
+
+def test_parabola_vertex_finds_the_minimum_between_grid_points():
+    x = np.array([0.0, 1.0, 2.0])
+    assert _parabola_vertex(x, (x - 1.3) ** 2) == pytest.approx(1.3)
+    assert _parabola_vertex(x, -(x**2)) == 1.0  # no minimum: keep the grid point
+
+
+def test_calibrated_world_overrides_the_sim_and_keeps_the_rest(tmp_path):
+    path = tmp_path / "sim-calibration.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "world": {
+                    "physics": {"joint_damping": 6.0},
+                    "latency": {"steps": {1: 0.4, 2: 0.6}, "load_extra_steps": 1},
+                },
+                "randomization": {"joint_damping": [5.0, 7.0]},
+            }
+        )
+    )
+    world, ranges = calibrated_world(path)
+    sim = load_world("sim")
+    assert world.physics.joint_damping == 6.0
+    assert world.physics.friction == sim.physics.friction
+    assert world.latency.steps == {1: 0.4, 2: 0.6}
+    assert world.parts == sim.parts
+    assert ranges == {"joint_damping": [5.0, 7.0]}
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("physics: {}", "no `world:` section"),
+        ("world: {gravity: {g: 9.8}}", "world.gravity: not a section"),
+        ("world: {physics: {friction: fast}}", "world.physics.friction"),
+        ("world: [", "not valid YAML"),
+    ],
+)
+def test_bad_calibration_file_is_a_one_line_error_naming_it(tmp_path, text, reason):
+    path = tmp_path / "cal.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=reason) as error:
+        calibrated_world(path)
+    assert str(path) in str(error.value) and "\n" not in str(error.value)
+
+
+def test_randomization_without_a_latency_range_keeps_the_worlds_delays(params):
+    import dataclasses
+
+    world = load_world("line")
+    ranges = dataclasses.replace(params.pretrain.randomization, latency_steps=None)
+    drawn = randomized(world, ranges, np.random.default_rng(0))
+    assert drawn.latency == world.latency
+    low, high = params.pretrain.randomization.friction
+    assert low <= drawn.physics.friction <= high
+
+
+# --- the command on a recorded shift -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory):
+    """300 line episodes recorded by the expert, ingested, then `realloop calibrate --json`."""
+    workspace = tmp_path_factory.mktemp("calibrate")
+    shutil.copy(ROOT / "params.yaml", workspace / "params.yaml")
+    gitconfig = workspace.parent / "gitconfig"
+    gitconfig.write_text("[user]\n\tname = test\n\temail = test@example.com\n")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("GIT_CONFIG_GLOBAL", str(gitconfig))
+        patch.delenv("MLFLOW_TRACKING_URI", raising=False)
+        patch.delenv("PREFECT_API_URL", raising=False)
+
+        def run(*args: str):
+            done = realloop(*args, cwd=workspace)
+            if done.returncode != 0:
+                pytest.fail(f"realloop {' '.join(args)}: {done.stderr}")
+            return done
+
+        record = ("--policy", "expert", "--episodes", str(EPISODES), "--seed", "31")
+        run("cell", "record", *record, "--out", "data/landing")
+        run("ingest", "--json")
+        payload = json.loads(run("calibrate", "--json").stdout)
+    return workspace, payload
+
+
+def test_estimates_use_the_line_files_keys_and_units(calibrated):
+    _, payload = calibrated
+    for section in ("physics", "sensors", "perception", "latency"):
+        assert set(payload["world"][section]) == set(LINE[section]), section
+
+
+def test_latency_within_one_control_step(calibrated):
+    latency = calibrated[1]["world"]["latency"]
+    steps = {int(d): p for d, p in latency["steps"].items()}
+    mean = sum(d * p for d, p in steps.items())
+    true_mean = sum(d * p for d, p in LINE["latency"]["steps"].items())
+    assert abs(mean - true_mean) <= 1.0
+    assert abs(latency["load_extra_steps"] - LINE["latency"]["load_extra_steps"]) <= 1
+    assert abs(min(steps) - min(LINE["latency"]["steps"])) <= 1
+    assert abs(max(steps) - max(LINE["latency"]["steps"])) <= 1
+    assert latency["load_fraction"] == pytest.approx(LINE["latency"]["load_fraction"], abs=0.1)
+
+
+NOISE_LEVELS = [
+    ("sensors", "joint_position_noise_m"),
+    ("sensors", "joint_velocity_noise_mps"),
+    ("perception", "pose_noise_m"),
+    ("perception", "yaw_noise_rad"),
+    ("perception", "confidence_noise"),
+]
+
+
+@pytest.mark.parametrize(("section", "key"), NOISE_LEVELS)
+def test_noise_levels_within_25_percent(calibrated, section, key):
+    estimate = calibrated[1]["world"][section][key]
+    assert estimate == pytest.approx(LINE[section][key], rel=0.25)
+
+
+@pytest.mark.parametrize(
+    "key", ["bias_x_m", "bias_y_m", "bias_drift_x_m", "bias_drift_y_m", "confidence_drop"]
+)
+def test_camera_bias_and_its_drift_with_lighting(calibrated, key):
+    estimate = calibrated[1]["world"]["perception"][key]
+    assert estimate == pytest.approx(LINE["perception"][key], rel=0.25, abs=0.002)
+
+
+def test_damping_within_25_percent_and_identified(calibrated):
+    payload = calibrated[1]
+    assert payload["world"]["physics"]["joint_damping"] == pytest.approx(
+        LINE["physics"]["joint_damping"], rel=0.25
+    )
+    assert payload["identified"]["physics.joint_damping"] is True
+
+
+def test_friction_and_mass_are_reported_unidentified_with_a_flat_profile(calibrated):
+    """The logs (and the sim) see friction and part mass only as the sliding force
+    friction * mass * g: that product is estimated, the split is shown to be flat."""
+    payload = calibrated[1]
+    physics = LINE["physics"]
+    force = payload["derived"]["sliding_friction_force_n"]["value"]
+    assert force == pytest.approx(physics["friction"] * physics["part_mass_kg"] * 9.81, rel=0.25)
+    assert payload["identified"]["physics.friction"] is False
+    flat = payload["fit"]["profiles"]["friction_at_fixed_load"]["objective"]
+    assert (max(flat) - min(flat)) / min(flat) < 0.01
+    across = payload["fit"]["profiles"]["load_scale"]["objective"]
+    assert (max(across) - min(across)) / min(across) > 0.5  # the product itself is sharp
+    assert payload["uncertainty"]["physics"]["friction"] is None
+
+
+def test_calibrated_replay_follows_the_logs_better_than_the_sim(calibrated):
+    rms = calibrated[1]["replay_rms"]
+    assert rms["pusher_velocity_mps"]["after"] < 0.5 * rms["pusher_velocity_mps"]["before"]
+    assert rms["part_position_m"]["after"] < rms["part_position_m"]["before"]
+
+
+def test_outputs_yaml_plots_and_mlflow_run(calibrated):
+    workspace, payload = calibrated
+    written = yaml.safe_load((workspace / "sim-calibration.yaml").read_text())
+    assert written["provenance"]["dataset_version"] == payload["dataset_version"]
+    assert written["randomization"]["joint_damping"][0] < payload["world"]["physics"][
+        "joint_damping"
+    ] < written["randomization"]["joint_damping"][1]
+    world, _ = calibrated_world(workspace / "sim-calibration.yaml")
+    assert world.latency.load_extra_steps == payload["world"]["latency"]["load_extra_steps"]
+    for plot in payload["plots"]:
+        assert (workspace / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{workspace / 'mlflow.db'}")
+    run = client.get_run(payload["mlflow_run_id"])
+    assert run.data.tags["dvc.dataset_hash"] == payload["dataset_version"]
+    assert run.data.metrics["physics.joint_damping"] == pytest.approx(
+        payload["world"]["physics"]["joint_damping"]
+    )
+    assert run.inputs.dataset_inputs[0].dataset.digest == payload["dataset_version"][:36]
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"sim-calibration.yaml", "replay.png", "profiles.png"} <= artifacts
+
+
+def test_without_a_dataset_calibrate_says_what_to_do(tmp_path):
+    shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
+    done = realloop("calibrate", "--json", cwd=tmp_path)
+    assert done.returncode == 1
+    assert done.stdout == ""
+    assert "no dataset yet; run `realloop ingest` first" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_pretrain_with_a_missing_calibration_file_fails_in_one_line(tmp_path):
+    shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
+    done = realloop("cell", "pretrain", "--calibration", "nope.yaml", cwd=tmp_path)
+    assert done.returncode == 1
+    assert "nope.yaml: file not found; run `realloop calibrate` first" in done.stderr
+    assert not (tmp_path / "models").exists()
+
+
+@pytest.mark.slow
+def test_calibrated_pretraining_beats_the_sim_policy_on_the_line(calibrated):
+    """The payoff: pretrained in the calibrated sim, no real fine-tuning, +10 points."""
+    workspace, _ = calibrated
+    sim_policy = ROOT / "models" / "sim-policy"
+    if not (sim_policy / "config.json").is_file():
+        pytest.skip("needs models/sim-policy (realloop cell pretrain)")
+    done = realloop("cell", "pretrain", "--calibration", "sim-calibration.yaml", cwd=workspace)
+    assert done.returncode == 0, done.stderr
+
+    def success(policy: str) -> float:
+        args = ("cell", "eval", "--policy", policy, "--world", "line", "--episodes", "200")
+        done = realloop(*args, "--seed", "8080", "--json", cwd=workspace)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)["success_rate"]
+
+    assert success("models/calibrated-policy") >= success(str(sim_policy)) + 0.10
