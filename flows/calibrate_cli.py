@@ -101,19 +101,11 @@ def run_calibration(workspace: Path, params, out: Path | None = None, progress=N
 
 def _validated_batches(workspace: Path, params) -> tuple[str, list[str]]:
     """The current dataset version and its batches that pass validation (or were admitted)."""
-    from pipelines.ingest import CAPTURES_DIR
-    from pipelines.validate import validate_dataset
+    from flows.validate_cli import validate_workspace
 
-    dataset = workspace / params.ingest.dataset
-    if not (dataset / "episodes").is_dir():
-        raise FileNotFoundError(f"{dataset}: no dataset yet; run `realloop ingest` first")
-    report = validate_dataset(
-        dataset,
-        params.cell,
-        params.validate,
-        captures=workspace / params.ingest.landing / CAPTURES_DIR,
-    )
+    report = validate_workspace(workspace, params)
     if not report.passed_batches:
+        dataset = workspace / params.ingest.dataset
         raise ValueError(f"{dataset}: no batch passes validation; see `realloop validate`")
     return report.dataset_version, report.passed_batches
 

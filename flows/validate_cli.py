@@ -24,22 +24,26 @@ def validate_command(
     params_path: ParamsOpt = Path("params.yaml"), as_json: JsonOpt = False
 ) -> None:
     """Validate the dataset's batches (stored results reused); write results and Data Docs."""
-    from pipelines.ingest import CAPTURES_DIR
     from pipelines.params import load_params
+
+    report = validate_workspace(Path.cwd(), load_params(params_path))
+    emit(report.as_dict(), as_json, _print_validation)
+
+
+def validate_workspace(workspace: Path, params):
+    """The workspace dataset's ValidationReport: every batch, stored results reused."""
+    from pipelines.ingest import CAPTURES_DIR
     from pipelines.validate import validate_dataset
 
-    workspace = Path.cwd()
-    params = load_params(params_path)
     dataset = workspace / params.ingest.dataset
     if not (dataset / "episodes").is_dir():
-        raise CommandError(f"{dataset}: no dataset yet; run `realloop ingest`")
-    report = validate_dataset(
+        raise CommandError(f"{dataset}: no dataset yet; run `realloop ingest` first")
+    return validate_dataset(
         dataset,
         params.cell,
         params.validate,
         captures=workspace / params.ingest.landing / CAPTURES_DIR,
     )
-    emit(report.as_dict(), as_json, _print_validation)
 
 
 def _print_validation(summary: dict) -> None:
