@@ -18,14 +18,14 @@ and the ingest flow runs, sizes alternating, in two modes:
 (b) `ingest_flow` as `realloop ingest` runs it, `repeats` times per size: list the landing
     folder, one task for the new file, `dvc add`, git commit + tag, `dvc push`.
 The figures are medians (and minima: this machine is shared, and the fastest run is the one
-least disturbed). The target, large/small at most 1.5, is judged on (b), the cost a user
-pays; (a) shows what grows with the dataset underneath Prefect's fixed cost per flow run.
+least disturbed). The target, large/small at most 1.5, is judged on both (b), the cost a user
+pays, and (a), what grows with the dataset underneath Prefect's fixed cost per flow run.
 
 Checked on every timed run: the files DVC hashed (dvc_data's file_md5, counted: only the new
 source's files may be), the landing files realloop hashed (sha256_file calls), and that no
 old file changed in the dataset, the landing folder or DVC's cache (inode, size, mtime_ns).
 `dvc status` is timed on both workspaces afterwards: in-process (open the repo + status,
-median of 5) and as the `dvc status` command (once).
+median of 5) and as the `dvc status` command (median of 3); both ratios are reported.
 """
 
 from __future__ import annotations
@@ -156,9 +156,12 @@ def run(
         "direct_min_ratio": direct_min_ratio,
         "target_ratio": TARGET_RATIO,
         "met": ratio <= TARGET_RATIO
+        and direct_ratio <= TARGET_RATIO
         and all(result[s]["old_files_changed"] == 0 for s in sizes)
         and all(result[s]["old_files_rehashed"] == 0 for s in sizes),
         "status_ratio": result["large"]["dvc_status_s"] / result["small"]["dvc_status_s"],
+        "status_cli_ratio": result["large"]["dvc_status_cli_s"]
+        / result["small"]["dvc_status_cli_s"],
         "machine": {"cores": os.cpu_count(), "python": sys.version.split()[0]},
     }
 
@@ -403,12 +406,12 @@ def _dvc_status(root: Path) -> dict:
     if status:
         raise ValueError(f"{root}: dvc status is not clean: {status}")
     dvc = Path(sys.executable).with_name("dvc")
-    started = time.perf_counter()
-    subprocess.run([str(dvc), "status", "-q"], cwd=root, check=True, capture_output=True)
-    return {
-        "dvc_status_s": statistics.median(times),
-        "dvc_status_cli_s": time.perf_counter() - started,
-    }
+    cli = []
+    for _ in range(3):
+        started = time.perf_counter()
+        subprocess.run([str(dvc), "status", "-q"], cwd=root, check=True, capture_output=True)
+        cli.append(time.perf_counter() - started)
+    return {"dvc_status_s": statistics.median(times), "dvc_status_cli_s": statistics.median(cli)}
 
 
 # --- output -------------------------------------------------------------------------------
@@ -446,7 +449,8 @@ def _format(report: dict) -> str:
             f"{report['ratio']:.2f} through the flow (target ≤ {report['target_ratio']}: "
             f"{verdict}), {report['direct_ratio']:.2f} without Prefect "
             f"({report['direct_min_ratio']:.2f} by the fastest runs); "
-            f"dvc status ratio {report['status_ratio']:.2f}",
+            f"dvc status ratio {report['status_ratio']:.2f} in-process, "
+            f"{report['status_cli_ratio']:.2f} as the command",
         ]
     )
 

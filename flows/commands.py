@@ -53,8 +53,10 @@ def ingest(
     _check_ingest(workspace, params_path, source)
     from flows.ingest import ingest_flow
 
+    # A bar over the files on a terminal's stderr; none under --json, whose callers are
+    # programs (stdout stays JSON either way; stderr keeps only a failure's one line).
     result = ingest_flow(
-        params_path=str(params_path), workspace=str(workspace), source=source, progress=True
+        params_path=str(params_path), workspace=str(workspace), source=source, progress=not as_json
     )
     emit(result, as_json, _print_ingest)
 

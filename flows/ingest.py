@@ -128,7 +128,9 @@ def version_dataset(params: Params, workspace: Path) -> dict:
     """`dvc add`, then a git commit and tag if data was added, then `dvc push`."""
     from pipelines import versioning
 
-    versioning.ensure_workspace(workspace, params.ingest.remote)
+    ingest = params.ingest
+    unversioned = (workspace / ingest.landing, workspace / ingest.quarantine)
+    versioning.ensure_workspace(workspace, ingest.remote, unversioned=unversioned)
     return versioning.version_dataset(workspace, workspace / params.ingest.dataset).as_dict()
 
 

@@ -542,6 +542,90 @@ def model_version_records(
     return [model_version_record(registered_model, str(v), workspace=workspace) for v in versions]
 
 
+def model_version_summaries(
+    registered_model: str, *, workspace: Path | None = None
+) -> list[dict[str, Any]]:
+    """version, dataset_version, training_batches and gate of every version of the model,
+    oldest first ([] when it was never registered).
+
+    What `model_version_records` returns of each version, without the rest it also
+    reads (run params, metrics, inputs, aliases): through the `runs:/` resolution that costs
+    a dozen store queries per version, 65 ms each at 12 versions (measured). Here the
+    versions and their tags come from one query, and each version's artifact root from its
+    registered source (`<run artifact root>/policy`, as `register_policy` writes it;
+    otherwise from its run)."""
+    from mlflow.exceptions import MlflowException
+
+    client = _client(workspace)
+    uri = tracking_uri(current_workspace(workspace))
+    try:
+        found = client.search_model_versions(f"name = '{registered_model}'")
+    except MlflowException:
+        return []
+    records = []
+    for mv in sorted(found, key=lambda mv: int(mv.version)):
+        root = _artifact_root(client, mv)
+        batches = _artifact_json_at(root, TRAINING_BATCHES_ARTIFACT, uri) or {}
+        dataset_version = mv.tags.get(DATASET_VERSION_TAG) or None
+        if dataset_version is None and mv.run_id:
+            run = client.get_run(mv.run_id)
+            dataset_version = run.data.tags.get(DATASET_VERSION_TAG)
+        records.append(
+            {
+                "version": str(mv.version),
+                "dataset_version": dataset_version,
+                "training_batches": batches.get("batches", []),
+                "gate": _artifact_json_at(root, GATE_ARTIFACT, uri),
+            }
+        )
+    return records
+
+
+def _artifact_root(client, mv) -> str | None:
+    if not mv.run_id:
+        return None
+    suffix = f"/{POLICY_ARTIFACT_DIR}"
+    source = (mv.source or "").rstrip("/")
+    if source.endswith(suffix) and not source.startswith(("runs:", "models:")):
+        return source.removesuffix(suffix)
+    return client.get_run(mv.run_id).info.artifact_uri
+
+
+def _artifact_json_at(root: str | None, name: str, tracking_uri: str):
+    """A small JSON artifact under a run's artifact root, or None when it has none."""
+    from mlflow.artifacts import download_artifacts
+    from mlflow.exceptions import MlflowException
+
+    if root is None:
+        return None
+    local = _local_path(root)
+    if local is not None:  # the default store: a folder in the workspace, read as it is
+        try:
+            return json.loads((local / name).read_text())
+        except FileNotFoundError:
+            return None
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            local = download_artifacts(
+                artifact_uri=f"{root.rstrip('/')}/{name}", dst_path=tmp, tracking_uri=tracking_uri
+            )
+        except (MlflowException, OSError):
+            return None
+        return json.loads(Path(local).read_text())
+
+
+def _local_path(uri: str) -> Path | None:
+    """The folder an artifact URI names when it is a local path or file:// URI, else None."""
+    from urllib.parse import unquote
+
+    parsed = urlparse(uri)
+    if parsed.scheme == "file" and parsed.netloc in ("", "localhost"):
+        return Path(unquote(parsed.path))
+    if parsed.scheme == "" and Path(uri).is_absolute():
+        return Path(uri)
+    return None
+
+
 # --- internals ---------------------------------------------------------------------------
 
 

@@ -13,7 +13,18 @@ runs, registry tags, bundles and lineage records quote. Each version that adds d
 - pushed to the DVC remote (`dvc push`), so `dvc pull` anywhere gets its files back.
 
 The `.dir` listing in DVC's cache says which per-source Parquet files a version holds, so a
-version also answers "which logs?". `checkout_version` brings any version back byte for byte.
+version also answers "which logs?".
+
+Adding data costs what was added, not what the dataset holds: the dataset's files are
+immutable (one file set per source, never rewritten), so when the folder holds exactly the
+listed files plus a few new ones, `dvc add` is given only the new files (DVC's granular add
+into a tracked folder: it hashes and caches those and appends them to the listing) instead of
+the folder, which would stat and look up every file in DVC's state database, and check each
+against the cache. The resulting listing, and so the version hash, is the one `dvc add` of
+the whole folder makes (a test checks this). Anything else (no version yet, a listed file
+gone or modified since the `.dvc` file was written, many new files) adds the whole folder.
+
+`checkout_version` brings any version back byte for byte.
 Each new version is also appended to `.realloop/datasets.jsonl`, a local ledger that keeps
 versions made before they were tagged.
 """
@@ -40,6 +51,7 @@ DEFAULT_REMOTE_NAME = "realloop"
 TAG_PREFIX = "dataset-"
 GIT_IDENTITY = ("-c", "user.name=realloop", "-c", "user.email=realloop@localhost")
 LOCAL_STATE = ("/.realloop/", "/.prefect/", "/mlruns/", "/mlflow.db", "/mlartifacts/")
+GRANULAR_MAX = 64  # new files up to which `dvc add` is given the files, not the folder
 _EMPTY_DIR_MD5 = "d751713988987e9331980363e24189ce"
 _TRAILERS = {
     "Dataset-Version": "version",
@@ -71,19 +83,23 @@ class DatasetVersion:
         return asdict(self)
 
 
-def ensure_workspace(workspace: Path, remote_url: str) -> None:
+def ensure_workspace(workspace: Path, remote_url: str, unversioned: tuple[Path, ...] = ()) -> None:
     """Make `workspace` a git repository with DVC initialised and a default remote.
 
-    A repository made here gets a `.gitignore` for realloop's local state (not committed).
+    A repository made here gets a `.gitignore` (not committed) for realloop's local state and
+    the `unversioned` folders (the landing folder and quarantine: raw logs, never in git).
     An S3 remote gets the endpoint from REALLOOP_S3_ENDPOINT_URL / AWS_ENDPOINT_URL.
     """
     if not (workspace / ".git").exists():
         _git(workspace, "init", "-q")
         gitignore = workspace / ".gitignore"
         if not gitignore.exists():
-            # realloop's machine-local state: never versioned, and left out of the walk DVC
-            # makes of the workspace on every `dvc add` (the default remote is in .realloop).
-            gitignore.write_text("".join(f"{entry}\n" for entry in LOCAL_STATE))
+            # Never versioned, and left out of the walk DVC makes of the workspace for `.dvc`
+            # files on every `dvc add` and `dvc status` (git-ignored folders are skipped): the
+            # local remote is in .realloop, and a landing folder holds every log ever landed.
+            folders = [_ignore_entry(workspace, folder) for folder in unversioned]
+            entries = [*LOCAL_STATE, *(f for f in folders if f)]
+            gitignore.write_text("".join(f"{entry}\n" for entry in entries))
     with _dvc_repo(workspace, init=True) as repo:
         if repo.config["core"].get("remote"):
             return  # the team configured one (e.g. `dvc remote add -d store s3://...`)
@@ -110,7 +126,7 @@ def version_dataset(workspace: Path, dataset: Path, push: bool = True) -> Datase
     relative = _relative(workspace, dataset)
     dvc_file = _dvc_file(relative)
     with _locked(workspace), _dvc_repo(workspace) as repo:
-        repo.add(str(workspace / relative))
+        _dvc_add(repo, workspace, relative)
         out = _tracked_out(workspace, relative)
         version = out["md5"].removesuffix(".dir")
         committed = _committed_version(workspace, dvc_file)
@@ -149,6 +165,24 @@ def version_files(workspace: Path, version: str) -> list[str]:
 def version_sources(workspace: Path, version: str) -> list[str]:
     """The source sha256s whose episodes a dataset version holds."""
     return sorted(_source_shas(workspace, version))
+
+
+def versions_holding(workspace: Path, sha: str) -> list[str]:
+    """The versions, oldest first, whose listing holds source `sha` (its episodes file); those
+    whose listing is not in the cache are left out. Each listing is searched as text for the
+    quoted relative path, which JSON writes as is: no parsing, no set of its thousands of
+    entries, for each of hundreds of versions."""
+    needle = f'"episodes/{sha}.parquet"'
+    held = []
+    for version in list_versions(workspace):
+        listing = _cache_object(workspace, version.version).with_suffix(".dir")
+        try:
+            text = listing.read_text()
+        except FileNotFoundError:
+            continue
+        if needle in text:
+            held.append(version.version)
+    return held
 
 
 def list_versions(workspace: Path) -> list[DatasetVersion]:
@@ -438,6 +472,77 @@ def _version_at_head(
 # --- DVC -------------------------------------------------------------------------------
 
 
+def _dvc_add(repo, workspace: Path, relative: Path) -> None:
+    """`dvc add` of the dataset folder, or of only its new files when that is the same."""
+    from dvc.exceptions import DvcException
+    from dvc.repo import lock_repo
+
+    dataset = workspace / relative
+    new = _new_files(workspace, relative)
+    if new == []:
+        return  # the `.dvc` file records the folder as it is
+    if new is not None and len(new) <= GRANULAR_MAX:
+        try:
+            # One lock around both: DVC collects the workspace's `.dvc` files once per lock.
+            with lock_repo(repo):
+                if _dvc_sees(repo, dataset):
+                    repo.add([str(dataset / name) for name in new])
+                    return
+        except DvcException as exc:  # e.g. a new file DVC ignores: the folder decides
+            logging.getLogger(__name__).info("granular dvc add refused (%s); adding folder", exc)
+    repo.add(str(dataset))
+
+
+def _dvc_sees(repo, dataset: Path) -> bool:
+    """Whether DVC's index holds the dataset's `.dvc` file: it skips git-ignored folders when
+    it collects them (`/data/*` hides `data/dataset.dvc` from it), and a granular add needs it."""
+    from dvc.exceptions import OutputNotFoundError
+
+    try:
+        return bool(repo.find_outs_by_path(str(dataset)))
+    except OutputNotFoundError:
+        return False
+
+
+def _new_files(workspace: Path, relative: Path) -> list[str] | None:
+    """The files in the dataset folder that the version its `.dvc` file records lacks, when
+    every file it lists is still there, unmodified since that file was written; else None.
+
+    One stat per file, no hashing: files written after the `.dvc` file count as modified (a
+    checkout rewrites files after it, so the next add takes the whole folder once)."""
+    dvc_file = workspace / _dvc_file(relative)
+    try:
+        out = _tracked_out(workspace, relative)
+        written = dvc_file.stat().st_mtime_ns
+        listed = {e["relpath"] for e in _dir_listing(workspace, out["md5"].removesuffix(".dir"))}
+    except (ValueError, KeyError, TypeError, OSError):
+        return None
+    if not out.get("size"):
+        return None  # DVC sums sizes on an append only from a known, non-zero size
+    new, seen = [], 0
+    for relpath, mtime_ns in _walk_files(workspace / relative):
+        if relpath not in listed:
+            new.append(relpath)
+        elif mtime_ns > written:
+            return None
+        else:
+            seen += 1
+    return sorted(new) if seen == len(listed) else None
+
+
+def _walk_files(folder: Path, prefix: str = "") -> Iterator[tuple[str, int]]:
+    """(relative posix path, mtime_ns) of every file below `folder`, symlinks not followed."""
+    try:
+        entries = list(os.scandir(folder))
+    except FileNotFoundError:
+        return
+    for entry in entries:
+        if entry.is_dir(follow_symlinks=False):
+            yield from _walk_files(Path(entry.path), f"{prefix}{entry.name}/")
+        else:
+            yield f"{prefix}{entry.name}", entry.stat(follow_symlinks=False).st_mtime_ns
+
+
 def _tracked_out(workspace: Path, relative: Path) -> dict:
     dvc_file = Path(workspace) / _dvc_file(relative)
     if not dvc_file.is_file():
@@ -477,7 +582,8 @@ def _source_shas(workspace: Path, version: str | None) -> set[str]:
         listing = _dir_listing(workspace, version)
     except ValueError:
         return set()
-    return {Path(e["relpath"]).stem for e in listing if _is_episodes_file(e["relpath"])}
+    # episodes/<sha>.parquet: the stem, by slicing (a Path per entry costs more than the rest)
+    return {e["relpath"][9:-8] for e in listing if _is_episodes_file(e["relpath"])}
 
 
 def _describe_source(workspace: Path, dataset: Path, entry: dict, memo: dict) -> dict:
@@ -505,7 +611,9 @@ def _push(repo, workspace: Path, version: str, previous: str | None) -> None:
     DVC uploads a `.dir` listing only after every file in it, so a listing on the remote
     means its files are there: when `previous` is, only the files new since then are looked
     up and sent. (`repo.push` would index every file of the dataset instead: 1.5 s at 500
-    sources for a one-file change, measured.) Without it, every file is looked up.
+    sources for a one-file change, measured.) Without it, every file is looked up. The
+    listing itself is copied as a file once its files are there: handed to the transfer, it
+    would be loaded and every entry compared with the remote's again.
     """
     from dvc_data.hashfile.hash_info import HashInfo
 
@@ -517,13 +625,21 @@ def _push(repo, workspace: Path, version: str, previous: str | None) -> None:
     files = {entry["md5"] for entry in _dir_listing(workspace, version)}
     if previous and previous != _EMPTY_DIR_MD5 and remote.exists(f"{previous}.dir"):
         files -= {entry["md5"] for entry in _dir_listing(workspace, previous)}
-    objects = [HashInfo("md5", f"{version}.dir"), *(HashInfo("md5", f) for f in files)]
     cache = repo.cache.local
-    result = repo.cloud.transfer(cache, remote, objects, cache_odb=cache)
-    if result.failed or not remote.exists(f"{version}.dir"):
+    failed = 0
+    if files:
+        objects = [HashInfo("md5", f) for f in sorted(files)]
+        failed = len(repo.cloud.transfer(cache, remote, objects, cache_odb=cache).failed)
+    if not failed:
+        listing = f"{version}.dir"
+        try:
+            remote.add(cache.oid_to_path(listing), cache.fs, listing)
+        except Exception:  # the remote's own errors (a dropped connection, a 5xx, ...)
+            failed = 1
+    if failed or not remote.exists(f"{version}.dir"):
         raise VersioningError(
             f"dvc push: dataset version {version} did not fully reach the remote "
-            f"({len(result.failed)} object(s) failed); the next ingest retries"
+            f"({failed} object(s) failed); the next ingest retries"
         )
 
 
@@ -591,6 +707,17 @@ def _write_atomically(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def _ignore_entry(workspace: Path, folder: Path) -> str | None:
+    """A root-anchored .gitignore line for a folder inside the workspace, else None."""
+    try:
+        relative = _relative(workspace, Path(folder))
+    except ValueError:
+        return None
+    if relative.is_absolute() or ".." in relative.parts or not relative.parts:
+        return None
+    return f"/{relative.as_posix()}/"
 
 
 def _relative(workspace: Path, path: Path) -> Path:

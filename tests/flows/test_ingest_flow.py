@@ -7,6 +7,7 @@ once for the module); S3 is a moto server on loopback behind a proxy that inject
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -270,3 +271,39 @@ def test_ingest_and_datasets_commands(cli_workspace, shift, monkeypatch, s3_env)
     assert missing.stderr.strip().splitlines() == [
         f"realloop: s3://{bucket}-gone/line: bucket '{bucket}-gone' does not exist"
     ]
+
+
+def test_ingest_shows_a_bar_over_files_on_a_terminal_and_none_under_json(
+    cli_workspace, shift, tmp_path, monkeypatch
+):
+    from rich.console import Console
+    from typer.testing import CliRunner
+
+    import flows.console
+    from flows.cli import app
+
+    root, _ = workspace_with(tmp_path)
+    landing = root / "data" / "landing"
+    landing.mkdir(parents=True)
+    for log in logs(shift)[:2]:
+        shutil.copy(log, landing / log.name)
+    terminal = io.StringIO()  # stderr as a terminal: where the bar is drawn
+    monkeypatch.setattr(
+        flows.console, "stderr", Console(file=terminal, force_terminal=True, width=100)
+    )
+    monkeypatch.chdir(root)
+    runner = CliRunner()
+
+    human = runner.invoke(app, ["ingest"], catch_exceptions=False)
+    assert human.exit_code == 0, human.stderr
+    drawn = terminal.getvalue()
+    assert "ingest" in drawn and "2/2" in drawn  # one bar over the files, to the last one
+    assert "2 new logs" in human.stdout
+
+    shutil.copy(logs(shift)[2], landing / logs(shift)[2].name)
+    terminal.seek(0)
+    terminal.truncate()
+    quiet = runner.invoke(app, ["ingest", "--json"], catch_exceptions=False)
+    assert quiet.exit_code == 0, quiet.stderr
+    assert json.loads(quiet.stdout)["ingest"]["files_ingested"] == 1
+    assert terminal.getvalue() == ""  # nothing drawn under --json

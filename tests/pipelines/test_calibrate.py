@@ -4,7 +4,6 @@ recorded line shift, scored against the line's true parameters (refcell's line.y
 from __future__ import annotations
 
 import json
-import os
 import shutil
 
 import numpy as np
@@ -207,9 +206,11 @@ def test_outputs_yaml_plots_and_mlflow_run(calibrated):
     workspace, payload = calibrated
     written = yaml.safe_load((workspace / "sim-calibration.yaml").read_text())
     assert written["provenance"]["dataset_version"] == payload["dataset_version"]
-    assert written["randomization"]["joint_damping"][0] < payload["world"]["physics"][
-        "joint_damping"
-    ] < written["randomization"]["joint_damping"][1]
+    assert (
+        written["randomization"]["joint_damping"][0]
+        < payload["world"]["physics"]["joint_damping"]
+        < written["randomization"]["joint_damping"][1]
+    )
     world, _ = calibrated_world(workspace / "sim-calibration.yaml")
     assert world.latency.load_extra_steps == payload["world"]["latency"]["load_extra_steps"]
     for plot in payload["plots"]:

@@ -195,3 +195,103 @@ def test_dvc_push_to_an_s3_remote(tmp_path, s3_env):  # noqa: F811
     keys = {item["Key"] for item in listed.get("Contents", [])}
     assert len(keys) == 3  # two Parquet files and the .dir listing
     assert any(k.endswith(version.version[2:] + ".dir") for k in keys)
+
+
+@pytest.fixture
+def dvc_add_targets(monkeypatch) -> list[list[str]]:
+    """What each `dvc add` in versioning was given (the paths, relative to the dataset)."""
+    from dvc.repo import Repo
+
+    calls: list[list[str]] = []
+    original = Repo.add
+
+    def add(repo, targets, *args, **kwargs):
+        paths = [targets] if isinstance(targets, str) else list(targets)
+        calls.append([Path(p).as_posix().split("/data/dataset")[-1].lstrip("/") for p in paths])
+        return original(repo, targets, *args, **kwargs)
+
+    monkeypatch.setattr(Repo, "add", add)
+    return calls
+
+
+def full_add_version(workspace: Path, dataset: Path) -> dict:
+    """The `.dvc` out that `dvc add` of the whole folder records now."""
+    with versioning._dvc_repo(workspace) as repo:
+        repo.add(str(dataset))
+    return versioning._tracked_out(workspace, Path("data/dataset"))
+
+
+def test_adding_a_source_adds_only_its_files_and_makes_the_folders_version(
+    workspace, dvc_add_targets
+):
+    dataset = workspace / "data" / "dataset"
+    add_source(dataset, "a.mcap", 2)
+    add_source(dataset, "b.mcap", 3)
+    first = versioning.version_dataset(workspace, dataset)
+    assert dvc_add_targets == [[""]]  # the first version: the folder
+
+    sha_c = add_source(dataset, "c.mcap", 4)
+    second = versioning.version_dataset(workspace, dataset)
+    assert dvc_add_targets[-1] == [f"episodes/{sha_c}.parquet", f"steps/{sha_c}.parquet"]
+    assert second.new and second.sources_added == 1 and second.files == 6
+    with versioning._dvc_repo(workspace) as repo:
+        assert repo.status() == {}  # the workspace matches the version
+    recorded = versioning._tracked_out(workspace, Path("data/dataset"))
+    folder = full_add_version(workspace, dataset)  # what adding the folder would have made
+    assert folder == recorded and folder["md5"] == f"{second.version}.dir"
+    assert folder["size"] == sum(p.stat().st_size for p in dataset.rglob("*") if p.is_file())
+
+    calls = len(dvc_add_targets)
+    again = versioning.version_dataset(workspace, dataset)  # nothing new: nothing added
+    assert len(dvc_add_targets) == calls and again.version == second.version and not again.new
+    files = snapshot(dataset)
+    versioning.checkout_version(workspace, first.tag)
+    versioning.checkout_version(workspace, "latest")
+    assert snapshot(dataset) == files
+
+
+def test_a_changed_or_missing_old_file_makes_dvc_add_the_whole_folder(workspace, dvc_add_targets):
+    dataset = workspace / "data" / "dataset"
+    sha_a = add_source(dataset, "a.mcap", 2)
+    add_source(dataset, "b.mcap", 3)
+    first = versioning.version_dataset(workspace, dataset, push=False)
+
+    # An old file rewritten after the version was recorded, and a new source: the folder.
+    old = dataset / "episodes" / f"{sha_a}.parquet"
+    pq.write_table(pa.table({"source_uri": ["s3://fleet/line/a2.mcap"]}), old)
+    add_source(dataset, "c.mcap", 1)
+    second = versioning.version_dataset(workspace, dataset, push=False)
+    assert dvc_add_targets[-1] == [""]
+    assert second.new and second.version != first.version
+    with versioning._dvc_repo(workspace) as repo:
+        assert repo.status() == {}
+
+    (dataset / "steps" / f"{sha_a}.parquet").unlink()  # a listed file gone: the folder
+    third = versioning.version_dataset(workspace, dataset, push=False)
+    assert dvc_add_targets[-1] == [""] and third.files == second.files - 1
+
+
+def test_a_git_ignored_data_folder_still_versions_each_addition(workspace, dvc_add_targets):
+    # Like the project repository: DVC's index does not see data/dataset.dvc under /data/*.
+    (workspace / ".gitignore").write_text("/data/*\n!/data/*.dvc\n")
+    dataset = workspace / "data" / "dataset"
+    add_source(dataset, "a.mcap", 1)
+    first = versioning.version_dataset(workspace, dataset, push=False)
+    add_source(dataset, "b.mcap", 1)
+    second = versioning.version_dataset(workspace, dataset, push=False)
+    assert second.new and second.files == 4 and second.version != first.version
+    assert dvc_add_targets[-1] == [""]
+    assert not list(dataset.rglob("*.dvc"))  # no per-file .dvc files were made
+
+
+def test_a_workspace_made_here_git_ignores_the_unversioned_folders(tmp_path):
+    root = tmp_path / "ws"
+    root.mkdir()
+    versioning.ensure_workspace(
+        root,
+        ".realloop/dvc-remote",
+        unversioned=(root / "data" / "landing", tmp_path / "elsewhere"),
+    )
+    lines = (root / ".gitignore").read_text().splitlines()
+    assert "/data/landing/" in lines and "/.realloop/" in lines
+    assert not any("elsewhere" in line for line in lines)  # outside: nothing to ignore
