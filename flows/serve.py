@@ -45,8 +45,11 @@ def schedules(params: Params) -> dict[str, str]:
     }
 
 
-def build_deployments(params_path: Path) -> list[RunnerDeployment]:
-    """The two deployments, scheduled as params.yaml says; nothing is registered yet."""
+def build_deployments(
+    params_path: Path, ingest_source: str | None = None
+) -> list[RunnerDeployment]:
+    """The two deployments, scheduled as params.yaml says; nothing is registered yet.
+    `ingest_source` (a folder or an s3:// prefix) replaces the landing folder for ingest."""
     from prefect.deployments.runner import EntrypointType
     from prefect.schedules import Cron, Interval
 
@@ -58,12 +61,14 @@ def build_deployments(params_path: Path) -> list[RunnerDeployment]:
     parameters = {"params_path": str(params_path), "workspace": str(Path.cwd())}
     # By module path, so a run finds the flow from any workspace the package is installed for.
     common = {"parameters": parameters, "entrypoint_type": EntrypointType.MODULE_PATH}
+    ingest_parameters = {**parameters, **({"source": ingest_source} if ingest_source else {})}
     return [
         ingest_flow.to_deployment(
             INGEST_DEPLOYMENT,
             schedule=Interval(timedelta(seconds=params.ingest.schedule_interval_s)),
-            description="Ingest what landed: landing folder → canonical dataset.",
-            **common,
+            description=f"Ingest what landed: {ingest_source or 'landing folder'} → dataset.",
+            parameters=ingest_parameters,
+            entrypoint_type=EntrypointType.MODULE_PATH,
         ),
         loop_flow.to_deployment(
             LOOP_DEPLOYMENT,
@@ -74,7 +79,7 @@ def build_deployments(params_path: Path) -> list[RunnerDeployment]:
     ]
 
 
-def serve(params_path: Path) -> None:
+def serve(params_path: Path, ingest_source: str | None = None) -> None:
     """Serve both deployments until Ctrl-C or SIGTERM; returns normally then."""
     if api_url() is None:
         raise CommandError(NO_SERVER)
@@ -84,7 +89,8 @@ def serve(params_path: Path) -> None:
     try:
         from prefect import serve as prefect_serve
 
-        prefect_serve(*build_deployments(params_path), print_starting_message=False)
+        deployments = build_deployments(params_path, ingest_source)
+        prefect_serve(*deployments, print_starting_message=False)
     except KeyboardInterrupt:
         pass
     finally:

@@ -14,7 +14,13 @@ ParamsOpt = Annotated[Path, typer.Option("--params", help="params.yaml to read")
 
 
 @fails_cleanly
-def serve_command(params_path: ParamsOpt = Path("params.yaml")) -> None:
+def serve_command(
+    params_path: ParamsOpt = Path("params.yaml"),
+    ingest_source: Annotated[
+        str | None,
+        typer.Option(help="what the ingest schedule reads: a folder or s3://bucket/prefix"),
+    ] = None,
+) -> None:
     """Serve ingest (every ingest.schedule_interval_s) and retrain-loop (serve.loop_cron)
     as Prefect deployments until Ctrl-C; needs a server at PREFECT_API_URL."""
     from flows.prefect_env import api_url, configure_prefect
@@ -30,4 +36,4 @@ def serve_command(params_path: ParamsOpt = Path("params.yaml")) -> None:
     )
     ui = os.environ.get("PREFECT_UI_URL") or server.rstrip("/").removesuffix("/api")
     print(f"serving {served} via {server}; UI {ui}; Ctrl-C stops", flush=True)
-    serve(params_path)
+    serve(params_path, ingest_source)

@@ -157,3 +157,13 @@ def test_serve_registers_schedules_and_runs_ingest(tmp_path):
         output = serve_log.read_text()
         assert output.startswith("serving ingest every"), output[:500]
         assert "Traceback" not in output, output[-3000:]
+
+
+def test_the_ingest_schedule_can_read_an_s3_prefix(params_path):
+    from flows.serve import INGEST_DEPLOYMENT, LOOP_DEPLOYMENT, build_deployments
+
+    deployments = {d.name: d for d in build_deployments(params_path, "s3://cell-logs/cell-07/")}
+    assert deployments[INGEST_DEPLOYMENT].parameters["source"] == "s3://cell-logs/cell-07/"
+    assert "source" not in deployments[LOOP_DEPLOYMENT].parameters
+    default = {d.name: d for d in build_deployments(params_path)}
+    assert "source" not in default[INGEST_DEPLOYMENT].parameters  # the landing folder
