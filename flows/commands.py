@@ -32,7 +32,9 @@ def loop(params_path: ParamsOpt = Path("params.yaml"), as_json: JsonOpt = False)
     workspace = _workspace()
     from flows.loop import loop_flow
 
-    summary = loop_flow(params_path=str(params_path), workspace=str(workspace))
+    summary = loop_flow(
+        params_path=str(params_path), workspace=str(workspace), progress=not as_json
+    )
     emit(summary, as_json, lambda s: print_cycle(s, stdout.print))
 
 

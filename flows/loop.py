@@ -24,7 +24,13 @@ CYCLES = Path(".realloop/cycles.jsonl")  # one summary per finished cycle, in th
 
 @task(name="collect")
 def collect(
-    params_path: Path, policy: Path, landing: Path, seed: int, start: datetime, episodes: int
+    params_path: Path,
+    policy: Path,
+    landing: Path,
+    seed: int,
+    start: datetime,
+    episodes: int,
+    progress: bool = False,
 ) -> dict:
     """Record a shift on the line with the production policy, operator on."""
     from flows.cell import run_record
@@ -38,7 +44,7 @@ def collect(
         params.collect.interventions,
         start.isoformat(),
         params_path,
-        progress=True,
+        progress=progress,
     )
 
 
@@ -71,7 +77,12 @@ def fine_tune(
 
 @task(name="hardware-trials")
 def hardware_trials(
-    params_path: Path, policy: Path, landing: Path, seed: int, start: datetime
+    params_path: Path,
+    policy: Path,
+    landing: Path,
+    seed: int,
+    start: datetime,
+    progress: bool = False,
 ) -> dict:
     """N line episodes without the operator, logged like any shift so they are ingested."""
     from flows.cell import run_record
@@ -85,7 +96,7 @@ def hardware_trials(
         False,
         start.isoformat(),
         params_path,
-        progress=True,
+        progress=progress,
     )
 
 
@@ -130,8 +141,11 @@ def promote(params: Params, workspace: Path, trained: dict, gate_record: dict) -
 
 
 @flow(name="retrain-loop")
-def loop_flow(params_path: str = "params.yaml", workspace: str = ".") -> dict:
-    """One cycle of the continual-retraining loop; returns the loop summary."""
+def loop_flow(
+    params_path: str = "params.yaml", workspace: str = ".", progress: bool = False
+) -> dict:
+    """One cycle of the continual-retraining loop; returns the loop summary. `progress` draws
+    bars on stderr (the command line's, not under --json)."""
     root = Path(workspace).resolve()
     params = load_params(params_path)
     index = _cycles_done(root)
@@ -146,8 +160,9 @@ def loop_flow(params_path: str = "params.yaml", workspace: str = ".") -> dict:
         params.collect.seed + index,
         start,
         params.collect.episodes,
+        progress,
     )
-    ingested = ingest_flow(params_path, str(root))
+    ingested = ingest_flow(params_path, str(root), progress=progress)
     validation = validate(params, root, _all_batches(root, params))
     base = cycle.pin_base_policy(incumbent["folder"], root)
     trained = fine_tune(
@@ -163,9 +178,10 @@ def loop_flow(params_path: str = "params.yaml", workspace: str = ".") -> dict:
             landing,
             params.trials.seed + index,
             start + timedelta(hours=offset),
+            progress,
         )
         trial_logs[role] = recorded["files"]
-    after_trials = ingest_flow(params_path, str(root))
+    after_trials = ingest_flow(params_path, str(root), progress=progress)
     trial_sources = cycle.sources_of(after_trials["ingest"], trial_logs)
     decision = gate(params, root, trained, trial_sources)
     trained["gate"] = decision
