@@ -190,7 +190,7 @@ class TriageParams:
 
 @dataclass(frozen=True, config=_STRICT)
 class CalibrateParams:
-    episodes: int  # the most recent line episodes the fit uses
+    episodes: int  # at most this many line episodes: the most recent whole shifts
     min_episodes: int  # fewer: refuse, the estimates would mislead
     out: str  # sim-calibration.yaml for the simulation team (and `cell pretrain`)
     plots: str  # replayed-vs-logged and fit-profile PNGs

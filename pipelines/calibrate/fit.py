@@ -80,8 +80,23 @@ def calibrate(
 
 
 def _most_recent(logs: list[LoggedEpisode], limit: int) -> list[LoggedEpisode]:
-    """The last `limit` episodes by shift (shift ids sort by time) and index."""
-    return logs[-limit:] if limit else logs
+    """Whole shifts, newest first, while they fit in `limit` episodes: load and lighting
+    follow the shift's clock, so a partial shift would skew their estimates. A newest shift
+    larger than `limit` is thinned evenly over its clock instead."""
+    if not limit or len(logs) <= limit:
+        return logs
+    shifts: dict[str, list[LoggedEpisode]] = {}
+    for episode in logs:
+        shifts.setdefault(episode.shift_id, []).append(episode)
+    kept: list[LoggedEpisode] = []
+    for shift_id in sorted(shifts, reverse=True):  # shift ids are UTC start times
+        if len(kept) + len(shifts[shift_id]) > limit:
+            break
+        kept = shifts[shift_id] + kept
+    if not kept:
+        newest = shifts[max(shifts)]
+        kept = newest[:: -(-len(newest) // limit)]
+    return kept
 
 
 def _assemble(logs, latency, sensors, perception, physics: PhysicsFit, params) -> Calibration:

@@ -63,6 +63,15 @@ class LatencyFit:
         return {d: round(p / total, 3) for d, p in kept.items()}
 
 
+def applied_commands(episode: LoggedEpisode, ages: np.ndarray, max_speed_mps: float) -> np.ndarray:
+    """The drive command (m/s) during each step, given the age of the applied command
+    (zero before any command has arrived)."""
+    issued = np.arange(len(ages)) - ages
+    return np.where(
+        (issued >= 0)[:, None], episode.command[np.maximum(issued, 0)] * max_speed_mps, 0.0
+    )
+
+
 def transitions(
     episodes: list[LoggedEpisode], max_speed_mps: float, free: list[np.ndarray]
 ) -> Transitions:

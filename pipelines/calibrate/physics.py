@@ -2,13 +2,15 @@
 
 The sim is reached through `Simulator` (flows hands in refcell's): it replays windows of
 episodes open loop, with candidate physics, from the state the logs show at each window's
-start. Two fits, each a grid over the candidates followed by a parabola through the best
+start. Three fits, each a grid over the candidates followed by a parabola through the best
 point and its neighbours:
 
 - joint damping from the gantry's velocity on steps where it touches nothing;
-- table friction and part mass from the first push of each episode, which starts from
-  rest (all velocities known to be zero): the part's path (perceived, camera bias removed)
-  and the pusher's slow-down while pushing, normalised by their noise levels.
+- the part's sliding load (friction and mass scaled together) from the first push of each
+  episode, which starts from rest (all velocities known to be zero): the part's path
+  (perceived, camera bias removed) and the pusher's slow-down while pushing, normalised by
+  their noise levels;
+- friction traded against mass at that load, which tells whether they come apart.
 
 Per-window losses are kept for every candidate, so the uncertainty is a bootstrap over
 windows at no extra replay cost, and the objective's profile along each parameter shows
@@ -23,7 +25,7 @@ from typing import Protocol
 
 import numpy as np
 
-from pipelines.calibrate.latency import LatencyFit
+from pipelines.calibrate.latency import LatencyFit, applied_commands
 from pipelines.calibrate.logs import LoggedEpisode
 from pipelines.calibrate.sensing import (
     Estimate,
@@ -91,15 +93,6 @@ class GridFit:
         return out
 
 
-def applied_commands(episode: LoggedEpisode, ages: np.ndarray, max_speed_mps: float) -> np.ndarray:
-    """The drive command (m/s) during each step, from the most likely command ages."""
-    k = np.arange(len(ages))
-    issued = k - ages
-    return np.where(
-        (issued >= 0)[:, None], episode.command[np.maximum(issued, 0)] * max_speed_mps, 0.0
-    )
-
-
 def replay_windows(
     episodes: Sequence[LoggedEpisode],
     ages: Mapping[str, np.ndarray],
@@ -160,7 +153,7 @@ def _window(episode, ages, prefix, steps, bias, pusher_radius_m, max_speed_mps):
 
 def _pad(array: np.ndarray, width: int) -> np.ndarray:
     extra = width - len(array)
-    return np.concatenate([array, np.repeat(array[-1:] * 0, extra, axis=0)]) if extra else array
+    return np.concatenate([array, np.zeros((extra, *array.shape[1:]))]) if extra else array
 
 
 def window_losses(
@@ -318,7 +311,7 @@ def fit_physics(
         "push",
         noise,
     )
-    friction, mass, identified = _split_load(valley, load, mu0, m0, scale)
+    friction, mass, identified = _split_load(valley, mu0, m0, scale)
     return PhysicsFit(
         estimates={"friction": friction, "part_mass_kg": mass, "joint_damping": damping},
         sliding_force=Estimate(force, force * 2 * scale.std / scale.value),
@@ -332,7 +325,7 @@ def fit_physics(
     )
 
 
-def _split_load(valley: GridFit, load: GridFit, mu0: float, m0: float, scale: Estimate):
+def _split_load(valley: GridFit, mu0: float, m0: float, scale: Estimate):
     """Friction and mass apart, if the valley has a floor; otherwise the point on it nearest
     the sim's own values (equal log-changes), flagged as not identified."""
     curve = valley.losses.mean(-1)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import least_squares
 
-from pipelines.calibrate.latency import LatencyFit
+from pipelines.calibrate.latency import LatencyFit, applied_commands
 from pipelines.calibrate.logs import LoggedEpisode
 
 APPROACH_MARGIN_M = 0.04  # beyond any camera bias we expect: the pusher is surely clear
@@ -84,11 +84,7 @@ def joint_noise(
     tau = -dt / np.log(alpha)
     residuals = []
     for episode, ages, clear in zip(episodes, latency.applied_age, free, strict=True):
-        k = np.arange(episode.steps - 1)
-        issued = k - ages
-        applied = np.where(
-            (issued >= 0)[:, None], episode.command[np.maximum(issued, 0)] * max_speed_mps, 0.0
-        )
+        applied = applied_commands(episode, ages, max_speed_mps)
         v_steady = beta / (1.0 - alpha) * applied
         v_now = episode.joint_velocity[:-1]
         travelled = v_steady * dt + (v_now - v_steady) * tau * (1.0 - alpha)

@@ -48,6 +48,39 @@ def test_pooled_std_removes_each_groups_own_mean():
     assert 0 < estimate.std < 0.05
 
 
+def test_the_fit_takes_the_newest_whole_shifts_within_its_budget():
+    from pipelines.calibrate.fit import _most_recent
+    from pipelines.calibrate.logs import LoggedEpisode
+
+    def shift(start: str, n: int) -> list[LoggedEpisode]:
+        empty = np.zeros((0, 2))
+        return [
+            LoggedEpisode(
+                f"cell-07-{start}-{i:05d}",
+                start,
+                i / n,
+                empty[0:0],
+                empty,
+                empty,
+                empty,
+                empty[:, 0],
+                empty[:, 0],
+                empty,
+            )
+            for i in range(n)
+        ]
+
+    old, middle, new = (
+        shift("20261201T060000Z", 300),
+        shift("20261202T060000Z", 100),
+        shift("20261202T140000Z", 150),
+    )
+    kept = _most_recent(old + middle + new, 300)
+    assert kept == middle + new  # the old shift would not fit whole
+    thinned = _most_recent(shift("20261203T060000Z", 1000), 300)
+    assert len(thinned) == 250 and thinned[-1].shift_phase == 0.996  # every 4th, whole clock
+
+
 def test_parabola_vertex_finds_the_minimum_between_grid_points():
     x = np.array([0.0, 1.0, 2.0])
     assert _parabola_vertex(x, (x - 1.3) ** 2) == pytest.approx(1.3)
