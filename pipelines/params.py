@@ -7,17 +7,21 @@ copy of a default. Unknown or missing keys are errors, so a typo cannot silently
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass
+
+T = TypeVar("T")
 
 _STRICT = ConfigDict(extra="forbid")
 DEFAULT_PARAMS = Path("params.yaml")
 
 
 class ParamsError(ValueError):
-    """params.yaml cannot be used; the message names the file and the key."""
+    """A configuration file (params.yaml, a calibration) cannot be used; the message names
+    the file and the key."""
 
 
 @dataclass(frozen=True, config=_STRICT)
@@ -220,15 +224,24 @@ class Params:
 def load_params(path: str | Path = DEFAULT_PARAMS) -> Params:
     """Read params.yaml into `Params`; raise ParamsError with a one-line reason."""
     path = Path(path)
+    return validated(Params, read_yaml(path, "pass --params PATH"), path)
+
+
+def read_yaml(path: Path, if_missing: str) -> Any:
+    """A YAML file's content; ParamsError naming the file if it is missing or not YAML."""
     try:
-        raw = yaml.safe_load(path.read_text())
+        return yaml.safe_load(Path(path).read_text())
     except FileNotFoundError:
-        raise ParamsError(f"{path}: file not found; pass --params PATH") from None
+        raise ParamsError(f"{path}: file not found; {if_missing}") from None
     except yaml.YAMLError as exc:
         raise ParamsError(f"{path}: not valid YAML ({exc.__class__.__name__})") from None
+
+
+def validated(kind: type[T], raw: Any, path: Path, where: str = "") -> T:
+    """`raw` as a `kind`; ParamsError naming the file and the first offending key."""
     try:
-        return TypeAdapter(Params).validate_python(raw)
+        return TypeAdapter(kind).validate_python(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "<top>"
-        raise ParamsError(f"{path}: {where}: {first['msg']}") from None
+        key = where + ".".join(str(p) for p in first["loc"]) or "<top>"
+        raise ParamsError(f"{path}: {key}: {first['msg']}") from None

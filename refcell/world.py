@@ -7,8 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import yaml
-from pydantic import ConfigDict, TypeAdapter, ValidationError
+from pydantic import ConfigDict, TypeAdapter
 from pydantic.dataclasses import dataclass
+
+from pipelines.params import read_yaml, validated
 
 WORLDS_DIR = Path(__file__).parent / "worlds"
 WORLD_NAMES = ("sim", "line")
@@ -88,12 +90,7 @@ def calibrated_world(calibration_path: str | Path, base: str = "sim") -> tuple[W
     """The sim with a calibration's estimates in place (sim-calibration.yaml, written by
     `realloop calibrate`), and the calibration's domain-randomization ranges."""
     path = Path(calibration_path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: file not found; run `realloop calibrate` first") from None
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not valid YAML ({exc.__class__.__name__})") from None
+    raw = read_yaml(path, "run `realloop calibrate` first")
     if not isinstance(raw, dict) or not isinstance(raw.get("world"), dict):
         raise ValueError(f"{path}: no `world:` section; is this a realloop calibration file?")
     merged = world_as_dict(load_world(base))
@@ -101,12 +98,7 @@ def calibrated_world(calibration_path: str | Path, base: str = "sim") -> tuple[W
         if section not in merged or not isinstance(values, dict):
             raise ValueError(f"{path}: world.{section}: not a section of a world file")
         merged[section].update(values)
-    try:
-        world = TypeAdapter(World).validate_python(merged)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise ValueError(f"{path}: world.{where}: {first['msg']}") from None
+    world = validated(World, merged, path, where="world.")
     return world, dict(raw.get("randomization") or {})
 
 
