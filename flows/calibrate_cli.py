@@ -48,14 +48,17 @@ def run_calibration(workspace: Path, params, out: Path | None = None, progress=N
     dataset = workspace / params.ingest.dataset
     version, batches = _validated_batches(workspace, params)
     simulator, sim_world = SimReplay(params.cell), world_as_dict(load_world("sim"))
-    calibration, fits = calibrate(
-        *read_dataset(dataset, sources=batches),
-        simulator,
-        sim_world,
-        params.cell,
-        params.calibrate,
-        progress=progress,
-    )
+    try:
+        calibration, fits = calibrate(
+            *read_dataset(dataset, sources=batches),
+            simulator,
+            sim_world,
+            params.cell,
+            params.calibrate,
+            progress=progress,
+        )
+    except ValueError as exc:  # what the data cannot support: name the dataset it came from
+        raise ValueError(f"{dataset} (version {version[:12]}): {exc}") from None
     plots = workspace / params.calibrate.plots / version
     comparison = replay_comparison(
         simulator,

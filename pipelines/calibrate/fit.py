@@ -53,8 +53,9 @@ def calibrate(
     logs = _most_recent(logged_episodes(episodes, steps), params.episodes)
     if len(logs) < params.min_episodes:
         raise ValueError(
-            f"{len(logs)} line episodes in the dataset; calibration needs at least "
-            f"{params.min_episodes}: record and ingest more (realloop ingest)"
+            f"{len(logs)} line episodes in the newest whole shifts (calibrate.episodes "
+            f"{params.episodes}); calibration needs at least {params.min_episodes}: "
+            "record and ingest more (realloop ingest)"
         )
     radius = simulator.pusher_radius_m
     free = [sensing.clear_of_part(e, radius) for e in logs]

@@ -296,3 +296,16 @@ def test_calibrated_pretraining_beats_the_sim_policy_on_the_line(calibrated):
         return json.loads(done.stdout)["success_rate"]
 
     assert success("models/calibrated-policy") >= success(str(sim_policy)) + 0.10
+
+
+def test_too_few_episodes_is_refused_naming_the_dataset_and_writing_nothing(calibrated):
+    workspace, _ = calibrated
+    strict = yaml.safe_load((workspace / "params.yaml").read_text())
+    strict["calibrate"]["min_episodes"] = 5000
+    (workspace / "strict.yaml").write_text(yaml.safe_dump(strict))
+    before = (workspace / "sim-calibration.yaml").read_bytes()
+    done = realloop("calibrate", "--params", "strict.yaml", "--json", cwd=workspace)
+    assert done.returncode == 1 and done.stdout == ""
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert "data/dataset (version " in done.stderr and "needs at least 5000" in done.stderr
+    assert (workspace / "sim-calibration.yaml").read_bytes() == before
