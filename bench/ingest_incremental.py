@@ -46,7 +46,7 @@ from pathlib import Path
 
 TARGET_RATIO = 1.5
 SHIFT_START = datetime(2026, 12, 1, 6, 0, tzinfo=UTC)
-EVENTS_TOPIC = "/episode_events"  # pipelines.schema.TOPIC_EVENTS
+EVENTS_TOPIC = "/episode_events"  # pipelines.contract.schema.TOPIC_EVENTS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -353,7 +353,7 @@ def _counting_hashes() -> Iterator[dict[str, list[str]]]:
     """Record the paths DVC computes an md5 of, and the files realloop computes a sha256 of."""
     import dvc_data.hashfile.hash as dvc_hash
 
-    from pipelines import ingest
+    from pipelines.ingest import store as ingest
 
     hashed: dict[str, list[str]] = {"dvc": [], "landing": []}
     file_md5, sha256_file = dvc_hash.file_md5, ingest.sha256_file
@@ -375,7 +375,7 @@ def _counting_hashes() -> Iterator[dict[str, list[str]]]:
 
 @contextmanager
 def _timing_versioning() -> Iterator[list[float]]:
-    from pipelines import versioning
+    from pipelines.ingest import versioning
 
     spent = [0.0]
     original = versioning.version_dataset
@@ -395,7 +395,7 @@ def _timing_versioning() -> Iterator[list[float]]:
 
 
 def _dvc_status(root: Path) -> dict:
-    from pipelines.versioning import _dvc_repo
+    from pipelines.ingest.versioning import _dvc_repo
 
     times = []
     for _ in range(5):

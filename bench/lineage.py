@@ -9,8 +9,8 @@ MCAP metadata and episode ids rewritten, every other message copied raw), so eac
 distinct source. Each workspace (git + DVC with a local remote, as `realloop ingest` makes
 it) is then filled the way the loop fills it, without the flow's per-run cost:
 
-- its sources are ingested by `pipelines.ingest.ingest_file` (the code of the flow's task)
-  and versioned by `pipelines.versioning.version_dataset` in `versions` equal steps, so
+- its sources are ingested by `pipelines.ingest.store.ingest_file` (the code of the flow's task)
+  and versioned by `pipelines.ingest.versioning.version_dataset` in `versions` equal steps, so
   there are `versions` dataset versions (git commit + tag each), the last holding them all;
 - `models` fine-tuning runs are recorded in the workspace's MLflow store as the retrain
   stage records them (run params, dataset version, training batches, registered tiny
@@ -129,9 +129,10 @@ def _build(
     root: Path, base: Path, params_path: Path, sources: int, versions: int, models: int
 ) -> dict:
     from bench.ingest_incremental import _variant
-    from pipelines import tracking, versioning
-    from pipelines.ingest import ingest_file
-    from pipelines.params import load_params
+    from pipelines.contract.params import load_params
+    from pipelines.ingest import versioning
+    from pipelines.ingest.store import ingest_file
+    from pipelines.training import tracking
 
     started = time.perf_counter()
     root.mkdir(parents=True)
@@ -174,8 +175,9 @@ def _build(
 
 def _record_model(root: Path, params, made: list, shas: list[str], k: int, models: int) -> str:
     """One fine-tuning run as the retrain stage records it, registered and gated."""
-    from pipelines import tracking, versioning
-    from pipelines.policy import PolicyConfig, PolicyNet, save_policy
+    from pipelines.ingest import versioning
+    from pipelines.training import tracking
+    from pipelines.training.policy import PolicyConfig, PolicyNet, save_policy
 
     version = made[round(len(made) * (k + 1) / models) - 1].version
     batches = versioning.version_sources(root, version)
@@ -214,8 +216,8 @@ def _record_model(root: Path, params, made: list, shas: list[str], k: int, model
 
 
 def _time_once(built: dict) -> dict[str, float]:
-    from pipelines import tracking
-    from pipelines.lineage import file_lineage, model_lineage
+    from pipelines.release.lineage import file_lineage, model_lineage
+    from pipelines.training import tracking
 
     root, params = built["root"], built["params"]
     dataset, model = root / params.ingest.dataset, params.train.registered_model
@@ -236,8 +238,8 @@ def _time_once(built: dict) -> dict[str, float]:
 def _time_without_index(built: dict) -> float:
     """(a) once with no source index: every source read from its episodes file (and indexed),
     as on the first lineage call after an upgrade, or after the index was deleted."""
-    from pipelines import tracking
-    from pipelines.lineage import SOURCE_INDEX, model_lineage
+    from pipelines.release.lineage import SOURCE_INDEX, model_lineage
+    from pipelines.training import tracking
 
     root, params = built["root"], built["params"]
     tracking.use_workspace(root)

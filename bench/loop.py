@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(params_path: Path) -> dict:
-    from pipelines.params import load_params
+    from pipelines.contract.params import load_params
 
     sim_policy = Path(load_params(params_path).pretrain.out).resolve()
     if not (sim_policy / "config.json").is_file():
@@ -107,12 +107,12 @@ def _start_prefect_api() -> None:
 @contextmanager
 def _workspace(params_path: Path, sim_policy: Path) -> Iterator[Path]:
     from flows.prefect_env import configure_prefect
-    from pipelines import tracking
+    from pipelines.training import tracking
 
     with tempfile.TemporaryDirectory(prefix="realloop-bench-") as tmp:
         root = Path(tmp)
         shutil.copy(params_path, root / "params.yaml")
-        from pipelines.params import load_params
+        from pipelines.contract.params import load_params
 
         shutil.copytree(sim_policy, root / load_params(params_path).pretrain.out)
         configure_prefect(root)

@@ -56,7 +56,7 @@ def run(step_budget: int, seed: int, operator_on: bool, params_path: Path) -> di
     import matplotlib.image  # noqa: F401  (the recorder's snapshots need it: a one-off import)
     import torch
 
-    from pipelines.params import load_params
+    from pipelines.contract.params import load_params
     from refcell.runner import Operator, run_episodes
     from refcell.world import load_world
 
@@ -127,7 +127,7 @@ def _controller(params):
     """The sim policy from pretrain.out, or the privileged expert if none was trained."""
     folder = Path(params.pretrain.out)
     if (folder / "config.json").is_file():
-        from pipelines.policy import load_policy
+        from pipelines.training.policy import load_policy
 
         return load_policy(folder)
     from refcell.expert import Expert

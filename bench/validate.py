@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(steps: int, captures: int, repeats: int, params_path: Path) -> dict:
-    from pipelines.params import load_params
+    from pipelines.contract.params import load_params
 
     params = load_params(params_path)
     with tempfile.TemporaryDirectory(prefix="realloop-bench-validate-") as tmp:
@@ -86,8 +86,8 @@ def run(steps: int, captures: int, repeats: int, params_path: Path) -> dict:
 def write_batch(root: Path, steps: int, captures: int, cell) -> tuple[Path, Path]:
     """A valid batch of `steps` steps (100 per episode) as ingest stores it; returns the
     dataset folder and the landing folder holding the captures."""
-    from pipelines.ingest import storage_schema
-    from pipelines.schema import EPISODES_SCHEMA, STEPS_SCHEMA
+    from pipelines.contract.schema import EPISODES_SCHEMA, STEPS_SCHEMA
+    from pipelines.ingest.store import storage_schema
 
     dataset, landing = root / "data" / "dataset", root / "data" / "landing"
     for folder in ("episodes", "steps", "attachments"):
@@ -105,7 +105,7 @@ def write_batch(root: Path, steps: int, captures: int, cell) -> tuple[Path, Path
 
 
 def make_tables(steps: int, captures: int, cell) -> tuple[pa.Table, pa.Table]:
-    from pipelines.schema import EPISODES_SCHEMA, STEPS_SCHEMA
+    from pipelines.contract.schema import EPISODES_SCHEMA, STEPS_SCHEMA
 
     rng = np.random.default_rng(7)
     n_episodes = max(1, steps // EPISODE_STEPS)
@@ -218,13 +218,13 @@ def pyarrow_checks(
     episodes: pa.Table, steps: pa.Table, batch: str, cell, params, captures: Path, store: Path
 ) -> dict[str, int]:
     """Offending rows per check, keyed like `suite_counts` (table.column:kind:severity)."""
-    from pipelines.expectations.captures import CAPTURE_REASONS
-    from pipelines.expectations.episodes import (
+    from pipelines.contract.schema import EPISODES_SCHEMA, STEPS_SCHEMA
+    from pipelines.quality.expectations.captures import CAPTURE_REASONS
+    from pipelines.quality.expectations.episodes import (
         EPISODE_ID_PATTERN,
         FAILURE_CAUSES,
         SAFETY_STOP_KINDS,
     )
-    from pipelines.schema import EPISODES_SCHEMA, STEPS_SCHEMA
 
     v, dt = params, cell.dt
     out: dict[str, int] = {}
@@ -402,7 +402,7 @@ def pyarrow_checks(
     )
 
     # captures: the same sidecar and attachment reading as the suite (file I/O, not checks)
-    from pipelines.validate import _captures_frame
+    from pipelines.quality.validate import _captures_frame
 
     frame = _captures_frame(e, set(e.schema.names), captures, store)
     for column in ("attachments_stored",):
@@ -469,8 +469,8 @@ _COLD = """
 import json, sys, time
 started = time.perf_counter()
 from pathlib import Path
-from pipelines.params import load_params
-from pipelines.validate import validate_dataset
+from pipelines.contract.params import load_params
+from pipelines.quality.validate import validate_dataset
 params = load_params(sys.argv[1])
 imported = time.perf_counter()
 report = validate_dataset(
@@ -506,8 +506,8 @@ def _cold(dataset: Path, landing: Path, params_path: Path) -> dict:
 
 
 def _warm(dataset: Path, landing: Path, params, repeats: int) -> dict:
-    from pipelines import validate
-    from pipelines.schema import EPISODES_SCHEMA, STEPS_SCHEMA
+    from pipelines.contract.schema import EPISODES_SCHEMA, STEPS_SCHEMA
+    from pipelines.quality import validate
 
     cell, v = params.cell, params.validate
     captures, store = landing / "captures", dataset / "attachments"

@@ -24,7 +24,7 @@ def calibrate_command(
     """Fit latency, sensor and perception noise, camera bias and physics to the validated
     line logs of the current dataset version (replaying them in the sim); write
     sim-calibration.yaml and plots, and record an MLflow run."""
-    from pipelines.params import load_params
+    from pipelines.contract.params import load_params
 
     params = load_params(params_path)
     with progress_bar(not as_json) as update:
@@ -33,7 +33,6 @@ def calibrate_command(
 
 
 def run_calibration(workspace: Path, params, out: Path | None = None, progress=None) -> dict:
-    from pipelines import tracking
     from pipelines.calibrate import calibrate
     from pipelines.calibrate.report import (
         plot_profiles,
@@ -41,7 +40,8 @@ def run_calibration(workspace: Path, params, out: Path | None = None, progress=N
         replay_comparison,
         write_calibration,
     )
-    from pipelines.ingest import read_dataset
+    from pipelines.ingest.store import read_dataset
+    from pipelines.training import tracking
     from refcell.replay import SimReplay
     from refcell.world import load_world, world_as_dict
 

@@ -21,13 +21,13 @@ PolicyOpt = Annotated[str, typer.Option("--policy", help="sim, expert, or a poli
 
 def resolve_controller(policy: str, params_path: Path):
     """`expert`, `sim` (params' pretrain.out) or a folder holding a saved policy."""
-    from pipelines.params import load_params
+    from pipelines.contract.params import load_params
 
     if policy == "expert":
         from refcell.expert import Expert
 
         return Expert()
-    from pipelines.policy import load_policy
+    from pipelines.training.policy import load_policy
 
     folder = Path(load_params(params_path).pretrain.out) if policy == "sim" else Path(policy)
     if not (folder / "config.json").is_file():
@@ -51,8 +51,8 @@ def pretrain(
 ) -> None:
     """Behaviour cloning + DAgger in the domain-randomized sim; writes the sim policy.
     With --calibration, the sim first takes the line's estimated parameters and ranges."""
-    from pipelines.params import load_params
-    from pipelines.policy import save_policy
+    from pipelines.contract.params import load_params
+    from pipelines.training.policy import save_policy
     from refcell.pretrain import pretrain as run_pretrain
 
     params = load_params(params_path)
@@ -72,8 +72,8 @@ def _pretrain_world(params, calibration: Path | None):
     the calibration's randomization ranges and its own delay distribution."""
     import dataclasses
 
-    from pipelines.ingest import sha256_file
-    from pipelines.params import RandomizationParams
+    from pipelines.contract.params import RandomizationParams
+    from pipelines.ingest.store import sha256_file
     from refcell.world import calibrated_world, load_world
 
     if calibration is None:
@@ -113,7 +113,7 @@ def run_eval(
     params_path: Path,
     progress: bool = False,
 ) -> dict:
-    from pipelines.params import load_params
+    from pipelines.contract.params import load_params
     from refcell.runner import Operator, run_episodes, summarize
     from refcell.world import WORLD_NAMES, load_world
 
@@ -178,7 +178,7 @@ def run_record(
     params_path: Path,
     progress: bool = False,
 ) -> dict:
-    from pipelines.params import load_params
+    from pipelines.contract.params import load_params
     from refcell.shift import record_shift
     from refcell.world import load_world
 
@@ -221,7 +221,7 @@ def demo(
     as_json: JsonOpt = False,
 ) -> None:
     """Pretrain if needed, show the sim-to-real gap, record a small shift of line logs."""
-    from pipelines.params import load_params
+    from pipelines.contract.params import load_params
 
     params = load_params(params_path)
     if not (Path(params.pretrain.out) / "config.json").is_file():

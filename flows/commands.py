@@ -16,7 +16,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output o
 def _workspace() -> Path:
     """The workspace is the folder realloop runs in: params paths are relative to it."""
     from flows.prefect_env import configure_prefect
-    from pipelines import tracking
+    from pipelines.training import tracking
 
     workspace = Path.cwd()
     configure_prefect(workspace)
@@ -66,9 +66,9 @@ def ingest(
 def _check_ingest(workspace: Path, params_path: Path, source: str | None) -> None:
     """What the flow would refuse, refused here in one line (a failed flow run logs a
     traceback)."""
-    from pipelines.params import load_params
-    from pipelines.sources import LandingFolder, open_source
-    from pipelines.versioning import require_latest
+    from pipelines.contract.params import load_params
+    from pipelines.ingest.sources import LandingFolder, open_source
+    from pipelines.ingest.versioning import require_latest
 
     params = load_params(params_path)
     origin = open_source(source, workspace / params.ingest.landing, workspace)
@@ -107,8 +107,8 @@ def datasets(
     as_json: JsonOpt = False,
 ) -> None:
     """Dataset versions (hash, git tag and commit, episodes, sources), or check one out."""
-    from pipelines import versioning
-    from pipelines.params import load_params
+    from pipelines.contract.params import load_params
+    from pipelines.ingest import versioning
 
     workspace = Path.cwd()
     dataset = workspace / load_params(params_path).ingest.dataset
@@ -156,10 +156,10 @@ def train(
 ) -> None:
     """Fine-tune on the workspace's current dataset version (what `dvc repro finetune` runs)."""
     from flows.cycle import current_policy
-    from pipelines.params import load_params
-    from pipelines.retrain import fine_tune_and_register
-    from pipelines.validate import validate_dataset
-    from pipelines.versioning import current_version
+    from pipelines.contract.params import load_params
+    from pipelines.ingest.versioning import current_version
+    from pipelines.quality.validate import validate_dataset
+    from pipelines.training.retrain import fine_tune_and_register
 
     workspace = _workspace()
     params = load_params(params_path)
@@ -186,8 +186,8 @@ def lineage(
     as_json: JsonOpt = False,
 ) -> None:
     """Provenance both ways: a model's data, params and trials, or a file's datasets and models."""
-    from pipelines.lineage import file_lineage, model_lineage
-    from pipelines.params import load_params
+    from pipelines.contract.params import load_params
+    from pipelines.release.lineage import file_lineage, model_lineage
 
     workspace = _workspace()
     params = load_params(params_path)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipelines.params import Params
+from pipelines.contract.params import Params
 
 
 def production_alias(params: Params) -> str:
@@ -16,7 +16,7 @@ def current_policy(params: Params, params_path: Path, workspace: Path) -> dict:
     """The incumbent: the registry's `<cell>-production` version; before the first promotion,
     the policy pretrained in the calibrated sim (`cell pretrain --calibration`) if there is
     one, else the sim policy (pretrained here if it does not exist yet)."""
-    from pipelines import tracking
+    from pipelines.training import tracking
 
     production = tracking.production_version(
         params.train.registered_model, production_alias(params)
@@ -55,19 +55,19 @@ BASE_POLICY = Path("models/base")  # what the last fine-tune started from; a dvc
 def pin_base_policy(folder: Path, workspace: Path) -> Path:
     """Copy the policy a fine-tune starts from to models/base, so `dvc repro finetune`
     reproduces the loop's fine-tuning from the same weights."""
-    from pipelines.policy import load_policy, save_policy
+    from pipelines.training.policy import load_policy, save_policy
 
     return save_policy(load_policy(folder).net, workspace / BASE_POLICY)
 
 
 def _policy_version(folder: Path) -> str:
-    from pipelines.policy import load_policy
+    from pipelines.training.policy import load_policy
 
     return load_policy(folder).name
 
 
 def _pretrain_sim_policy(params: Params, folder: Path) -> None:
-    from pipelines.policy import save_policy
+    from pipelines.training.policy import save_policy
     from refcell.pretrain import pretrain
     from refcell.world import load_world
 

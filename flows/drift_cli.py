@@ -18,8 +18,8 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output o
 def drift_command(params_path: ParamsOpt = Path("params.yaml"), as_json: JsonOpt = False) -> None:
     """Drift of the data since the production model's training data, per feature, and whether
     to retrain (`trigger`). Exits 0 whether or not it triggers; plots under drift.out."""
-    from pipelines.drift import drift_report
-    from pipelines.params import load_params
+    from pipelines.contract.params import load_params
+    from pipelines.quality.drift import drift_report
 
     workspace = Path.cwd()
     params = load_params(params_path)
@@ -31,7 +31,7 @@ def production_record(params, workspace: Path) -> dict | None:
     """The registry record of `<cell_id><promote.alias_suffix>`'s model version, or None
     before any promotion. Without a tracking server or a workspace store there is none, and
     no empty mlflow.db is made just to find that out."""
-    from pipelines import tracking
+    from pipelines.training import tracking
 
     if not os.environ.get("MLFLOW_TRACKING_URI") and not (workspace / tracking.DB_FILE).is_file():
         return None
@@ -47,7 +47,7 @@ def production_record(params, workspace: Path) -> dict | None:
 def _print_drift(report: dict) -> None:
     from rich.table import Table
 
-    from pipelines.drift import describe_measures
+    from pipelines.quality.drift import describe_measures
 
     base, cur = report["baseline"], report["current"]
     origin = (

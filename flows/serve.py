@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from flows.console import CommandError
 from flows.prefect_env import api_url
-from pipelines.params import Params, load_params
+from pipelines.contract.params import Params, load_params
 
 if TYPE_CHECKING:
     from prefect.deployments.runner import RunnerDeployment

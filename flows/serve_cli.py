@@ -25,7 +25,7 @@ def serve_command(
     as Prefect deployments until Ctrl-C; needs a server at PREFECT_API_URL."""
     from flows.prefect_env import api_url, configure_prefect
     from flows.serve import NO_SERVER, schedules, serve
-    from pipelines.params import load_params
+    from pipelines.contract.params import load_params
 
     server = api_url()
     if server is None:

@@ -24,7 +24,7 @@ def validate_command(
     params_path: ParamsOpt = Path("params.yaml"), as_json: JsonOpt = False
 ) -> None:
     """Validate the dataset's batches (stored results reused); write results and Data Docs."""
-    from pipelines.params import load_params
+    from pipelines.contract.params import load_params
 
     report = validate_workspace(Path.cwd(), load_params(params_path))
     emit(report.as_dict(), as_json, _print_validation)
@@ -32,8 +32,8 @@ def validate_command(
 
 def validate_workspace(workspace: Path, params):
     """The workspace dataset's ValidationReport: every batch, stored results reused."""
-    from pipelines.ingest import CAPTURES_DIR
-    from pipelines.validate import validate_dataset
+    from pipelines.ingest.store import CAPTURES_DIR
+    from pipelines.quality.validate import validate_dataset
 
     dataset = workspace / params.ingest.dataset
     if not (dataset / "episodes").is_dir():
@@ -88,8 +88,8 @@ def admit_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Re-admit a batch that failed a critical expectation into training; recorded."""
-    from pipelines.params import load_params
-    from pipelines.validate import admit_batch
+    from pipelines.contract.params import load_params
+    from pipelines.quality.validate import admit_batch
 
     params = load_params(params_path)
     dataset = Path.cwd() / params.ingest.dataset

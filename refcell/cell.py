@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 import mujoco
 import numpy as np
 
-from pipelines.params import CellParams
-from pipelines.schema import ACTION_SIZE
+from pipelines.contract.params import CellParams
+from pipelines.contract.schema import ACTION_SIZE
 from refcell.mjcf import PART_MASS_IN_MJCF, SUBSTEP_S, build_model
 from refcell.world import (
     PartVariant,

@@ -18,8 +18,8 @@ import numpy as np
 from mcap.writer import CompressionType
 from mcap_ros2.writer import Writer
 
-from pipelines import schema
-from pipelines.params import CellParams, RecordParams
+from pipelines.contract import schema
+from pipelines.contract.params import CellParams, RecordParams
 from refcell.cell import PART_LIMIT_M, Cell
 from refcell.rosmsgs import DATATYPES, message_definition, stamp
 from refcell.runner import StepRecord

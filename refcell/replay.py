@@ -15,7 +15,7 @@ import numpy as np
 from mujoco import rollout
 
 from pipelines.calibrate.physics import ReplayBatch, ReplayResult
-from pipelines.params import CellParams
+from pipelines.contract.params import CellParams
 from refcell.cell import apply_physics
 from refcell.mjcf import PUSHER_RADIUS_M, SUBSTEP_S, build_model
 from refcell.world import PartVariant, Physics

@@ -13,7 +13,7 @@ from typing import Protocol
 
 import numpy as np
 
-from pipelines.params import CellParams, OperatorParams
+from pipelines.contract.params import CellParams, OperatorParams
 from refcell.cell import Cell, StepResult
 from refcell.expert import Expert
 from refcell.world import World

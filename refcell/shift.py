@@ -8,7 +8,7 @@ from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
 
-from pipelines.params import CellParams, RecordParams
+from pipelines.contract.params import CellParams, RecordParams
 from refcell.cell import Cell
 from refcell.recorder import CellIdentity, ShiftRecorder
 from refcell.runner import Controller, EpisodeResult, Operator, run_episode, summarize

@@ -10,7 +10,7 @@ import yaml
 from pydantic import ConfigDict, TypeAdapter
 from pydantic.dataclasses import dataclass
 
-from pipelines.params import read_yaml, validated
+from pipelines.contract.params import read_yaml, validated
 
 WORLDS_DIR = Path(__file__).parent / "worlds"
 WORLD_NAMES = ("sim", "line")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.params import Params, load_params
+from pipelines.contract.params import Params, load_params
 
 ROOT = Path(__file__).resolve().parents[1]
 

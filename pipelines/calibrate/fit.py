@@ -13,7 +13,7 @@ from pipelines.calibrate import sensing
 from pipelines.calibrate.logs import LoggedEpisode, logged_episodes
 from pipelines.calibrate.physics import PhysicsFit, Simulator, fit_physics
 from pipelines.calibrate.sensing import Estimate
-from pipelines.params import CalibrateParams, CellParams
+from pipelines.contract.params import CalibrateParams, CellParams
 
 Progress = Callable[[str, int, int], None]
 STAGES = ("latency", "sensors", "perception", "physics")

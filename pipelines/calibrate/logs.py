@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from pipelines.schema import EPISODES_SCHEMA, STEPS_SCHEMA
+from pipelines.contract.schema import EPISODES_SCHEMA, STEPS_SCHEMA
 
 
 @dataclass(frozen=True)

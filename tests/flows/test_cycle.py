@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from flows.cycle import current_policy
-from pipelines.policy import PolicyConfig, PolicyNet, save_policy
+from pipelines.training.policy import PolicyConfig, PolicyNet, save_policy
 from tests.conftest import ROOT
 
 

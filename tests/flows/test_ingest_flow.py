@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from pipelines.sources import STAGING_DIR, s3_client
+from pipelines.ingest.sources import STAGING_DIR, s3_client
 from tests.conftest import ROOT
 from tests.pipelines.test_sources import FaultyProxy, proxy, s3_env, s3_server  # noqa: F401
 
@@ -118,9 +118,9 @@ def test_landing_folder_one_task_per_file_with_bounded_concurrency(
 
     # Two workers: never more than two files in flight, whatever the thread pool allows.
     monkeypatch.setattr(ingest_module, "DEFAULT_WORKERS", 2)
-    import pipelines.ingest
+    import pipelines.ingest.store
 
-    real, active, peak, lock = pipelines.ingest.ingest_file, [0], [0], threading.Lock()
+    real, active, peak, lock = pipelines.ingest.store.ingest_file, [0], [0], threading.Lock()
 
     def counting(*args, **kwargs):
         with lock:
@@ -133,7 +133,7 @@ def test_landing_folder_one_task_per_file_with_bounded_concurrency(
             with lock:
                 active[0] -= 1
 
-    monkeypatch.setattr(pipelines.ingest, "ingest_file", counting)
+    monkeypatch.setattr(pipelines.ingest.store, "ingest_file", counting)
 
     first = ingest_module.ingest_flow(str(params), str(root))
     report = first["ingest"]
@@ -167,7 +167,7 @@ def test_landing_folder_one_task_per_file_with_bounded_concurrency(
 
 def test_s3_source_survives_transient_faults(cli_workspace, shift, tmp_path, s3_env):  # noqa: F811
     from flows.ingest import ingest_flow
-    from pipelines.ingest import read_dataset
+    from pipelines.ingest.store import read_dataset
 
     bucket = f"realloop-{uuid.uuid4().hex[:12]}"
     client = s3_client()

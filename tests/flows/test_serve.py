@@ -90,7 +90,7 @@ def test_serve_registers_schedules_and_runs_ingest(tmp_path):
     from prefect.exceptions import ObjectNotFound
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from pipelines.params import load_params
+    from pipelines.contract.params import load_params
 
     params_path = write_params(tmp_path)
     params = load_params(params_path)

@@ -1,4 +1,4 @@
-"""pipelines.decode: fast MCAP/CDR decoding equals the official reader, and fails precisely."""
+"""pipelines.ingest.decode: fast MCAP/CDR decoding equals the official reader, fails precisely."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from mcap_ros2._dynamic import serialize_dynamic
 from mcap_ros2.decoder import DecoderFactory
 from mcap_ros2.writer import Writer as Ros2Writer
 
-from pipelines import decode
-from pipelines.decode import McapDecodeError, decode_log, iter_batches, scan_records
-from pipelines.ingest import ContractViolation, DecodedLog, read_log
+from pipelines.ingest import decode
+from pipelines.ingest.decode import McapDecodeError, decode_log, iter_batches, scan_records
+from pipelines.ingest.store import ContractViolation, DecodedLog, read_log
 from refcell.cell import Cell, TrueState
 from refcell.expert import Expert
 from refcell.recorder import CellIdentity, ShiftRecorder

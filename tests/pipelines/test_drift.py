@@ -15,8 +15,9 @@ import pytest
 from scipy.spatial.distance import jensenshannon
 from scipy.stats import ks_2samp
 
-from pipelines import drift, schema
-from pipelines.drift import (
+from pipelines.contract import schema
+from pipelines.quality import drift
+from pipelines.quality.drift import (
     ACTION_LATENCY,
     CYCLE_TIME,
     FAILURE_MODE,
@@ -263,8 +264,8 @@ def test_trigger_conditions_can_be_turned_off(params, baseline_tables):
 def two_shifts(params, tmp_path_factory):
     """A workspace with two dataset versions: a 30-episode sim shift, then a 30-episode line
     shift, recorded by the reference cell and ingested as a cell's logs would be."""
-    from pipelines import versioning
-    from pipelines.ingest import ingest_landing
+    from pipelines.ingest import versioning
+    from pipelines.ingest.store import ingest_landing
     from refcell.expert import Expert
     from refcell.shift import record_shift
     from refcell.world import load_world
@@ -374,7 +375,7 @@ def test_the_command_takes_its_baseline_from_the_production_alias(
     from typer.testing import CliRunner
 
     from flows.cli import app
-    from pipelines import tracking
+    from pipelines.training import tracking
 
     workspace, versions, shas = two_shifts
     asked = []

@@ -5,9 +5,9 @@ import pyarrow as pa
 import pytest
 import torch
 
-from pipelines.finetune import finetune, training_examples
-from pipelines.policy import Policy, PolicyConfig, PolicyNet
-from pipelines.schema import EPISODES_SCHEMA, STEPS_SCHEMA
+from pipelines.contract.schema import EPISODES_SCHEMA, STEPS_SCHEMA
+from pipelines.training.finetune import finetune, training_examples
+from pipelines.training.policy import Policy, PolicyConfig, PolicyNet
 
 
 def _episodes(rows: list[dict]) -> pa.Table:

@@ -2,7 +2,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipelines.gate import TrialStats, decide, trial_stats
+from pipelines.release.gate import TrialStats, decide, trial_stats
 
 
 def stats(policy, successes, n=100, stops=0, p95=4.0):

@@ -12,8 +12,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines import schema
-from pipelines.ingest import (
+from pipelines.contract import schema
+from pipelines.ingest.store import (
     MANIFEST_NAME,
     REASON_SUFFIX,
     FileResult,

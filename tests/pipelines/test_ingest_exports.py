@@ -9,8 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines import schema
-from pipelines.ingest import (
+from pipelines.contract import schema
+from pipelines.ingest.store import (
     EXPORT_SCHEMA,
     RUN_COLUMNS,
     IngestReport,

@@ -26,15 +26,15 @@ from mcap.writer import Writer as McapWriter
 from mcap_ros2.decoder import DecoderFactory
 from mcap_ros2.writer import Writer
 
-from pipelines import schema
-from pipelines.ingest import (
+from pipelines.contract import schema
+from pipelines.contract.params import load_params
+from pipelines.ingest.store import (
     EXPORT_EPISODE_COLUMNS,
     EXPORT_SCHEMA,
     EXPORT_STEP_COLUMNS,
     ingest_landing,
     read_log,
 )
-from pipelines.params import load_params
 from refcell.cell import TrueState
 from refcell.expert import Expert
 from refcell.shift import record_shift
@@ -310,8 +310,8 @@ from pathlib import Path
 
 from pydantic import TypeAdapter
 
-from pipelines import ingest
-from pipelines.params import CellParams, IngestParams
+from pipelines.ingest import store as ingest
+from pipelines.contract.params import CellParams, IngestParams
 
 args = json.loads(sys.argv[1])
 cell = TypeAdapter(CellParams).validate_python(args["cell"])

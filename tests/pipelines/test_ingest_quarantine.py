@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelines import schema
-from pipelines.ingest import (
+from pipelines.contract import schema
+from pipelines.ingest.store import (
     REASON_SUFFIX,
     ingest_file,
     read_dataset,

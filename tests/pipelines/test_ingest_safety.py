@@ -14,8 +14,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines import ingest as ingest_module
-from pipelines.ingest import (
+from pipelines.ingest import store as ingest_module
+from pipelines.ingest.store import (
     REASON_SUFFIX,
     dataset_content_hash,
     read_dataset,

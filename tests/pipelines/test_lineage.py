@@ -12,8 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from pipelines import lineage, tracking, versioning
-from pipelines.policy import PolicyConfig, PolicyNet, save_policy
+from pipelines.ingest import versioning
+from pipelines.release import lineage
+from pipelines.training import tracking
+from pipelines.training.policy import PolicyConfig, PolicyNet, save_policy
 
 
 @pytest.fixture(autouse=True)

@@ -2,7 +2,7 @@ import dataclasses
 
 import pytest
 
-from pipelines.params import ParamsError, load_params
+from pipelines.contract.params import ParamsError, load_params
 
 
 def test_params_load_into_frozen_typed_dataclasses(params):

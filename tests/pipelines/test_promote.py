@@ -12,11 +12,11 @@ import torch
 
 from edge import agent
 from edge.channel import generate_keypair, open_channel
-from pipelines import tracking
-from pipelines.gate import TrialStats, decide
-from pipelines.policy import PolicyConfig, PolicyNet, load_policy, save_policy
-from pipelines.promote import PromotionResult, promote
-from pipelines.tracking import (
+from pipelines.release.gate import TrialStats, decide
+from pipelines.release.promote import PromotionResult, promote
+from pipelines.training import tracking
+from pipelines.training.policy import PolicyConfig, PolicyNet, load_policy, save_policy
+from pipelines.training.tracking import (
     production_version,
     register_policy,
     start_finetune_run,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.sources import (
+from pipelines.ingest.sources import (
     STAGING_DIR,
     LandingFolder,
     ObjectGone,

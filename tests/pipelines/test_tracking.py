@@ -13,10 +13,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from pipelines import tracking
-from pipelines.gate import TrialStats, decide
-from pipelines.policy import PolicyConfig, PolicyNet, load_policy, save_policy
-from pipelines.tracking import (
+from pipelines.release.gate import TrialStats, decide
+from pipelines.training import tracking
+from pipelines.training.policy import PolicyConfig, PolicyNet, load_policy, save_policy
+from pipelines.training.tracking import (
     EpochLogger,
     download_policy,
     gate_tags,
@@ -33,7 +33,7 @@ from pipelines.tracking import (
     tracking_uri,
     use_workspace,
 )
-from pipelines.train import EpochMetrics
+from pipelines.training.train import EpochMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 EPOCHS = 23  # flushed as 10 + 10 + 3
@@ -57,7 +57,9 @@ def tiny_policy(folder: Path, seed: int = 0) -> PolicyNet:
 
 
 def client_for(workspace: Path):
-    from mlflow import MlflowClient  # after pipelines.tracking has imported mlflow, quietly
+    from mlflow import (
+        MlflowClient,  # after pipelines.training.tracking has imported mlflow, quietly
+    )
 
     return MlflowClient(tracking_uri(workspace))
 
@@ -284,10 +286,10 @@ def test_a_first_run_in_a_fresh_workspace_prints_nothing(tmp_path):
         """
         import sys
         from pathlib import Path
-        from pipelines import tracking
-        from pipelines.params import load_params
-        from pipelines.policy import PolicyConfig, PolicyNet, save_policy
-        from pipelines.train import EpochMetrics
+        from pipelines.training import tracking
+        from pipelines.contract.params import load_params
+        from pipelines.training.policy import PolicyConfig, PolicyNet, save_policy
+        from pipelines.training.train import EpochMetrics
 
         workspace, params = Path(sys.argv[1]), load_params(sys.argv[2]).train
         tracking.use_workspace(workspace)

@@ -15,9 +15,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipelines import schema
-from pipelines.ingest import ingest_landing, read_dataset
-from pipelines.triage import (
+from pipelines.contract import schema
+from pipelines.ingest.store import ingest_landing, read_dataset
+from pipelines.quality.triage import (
     CLASSES,
     CONTROL,
     NOVEL_PART,
@@ -280,7 +280,7 @@ def test_a_blamed_part_names_the_push_gap(params):
 
 def _policy(params, tmp_path_factory):
     """The repository's sim policy, else a small one pretrained here (minutes, not hours)."""
-    from pipelines.policy import Policy, load_policy
+    from pipelines.training.policy import Policy, load_policy
     from refcell.pretrain import pretrain
     from refcell.world import load_world
 
@@ -415,7 +415,7 @@ def test_captures_of_a_successful_episode_are_judged_on_their_window(params):
         "edge_case_reasons",
         pa.array([["low_confidence"]], pa.list_(pa.string())),
     )
-    from pipelines.triage import CaptureRef
+    from pipelines.quality.triage import CaptureRef
 
     early = triage(
         episodes,

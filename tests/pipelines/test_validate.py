@@ -12,9 +12,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines import validate as validate_module
-from pipelines.schema import EPISODES_SCHEMA, STEPS_SCHEMA
-from pipelines.validate import (
+from pipelines.contract.schema import EPISODES_SCHEMA, STEPS_SCHEMA
+from pipelines.quality import validate as validate_module
+from pipelines.quality.validate import (
     ValidationReport,
     admit_batch,
     read_admissions,

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from bench.validate import BATCH, break_rows, pyarrow_checks, suite_counts, write_batch
-from pipelines import validate
-from pipelines.schema import EPISODES_SCHEMA, STEPS_SCHEMA
+from pipelines.contract.schema import EPISODES_SCHEMA, STEPS_SCHEMA
+from pipelines.quality import validate
 
 
 def test_suites_and_the_pyarrow_floor_agree_check_by_check(params, tmp_path):

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from pipelines.validate import validate_batch, validate_dataset
+from pipelines.quality.validate import validate_batch, validate_dataset
 from tests.pipelines.test_ingest_helpers import copy_landing, ingest, recorded_shift
 from tests.pipelines.test_validate import GOOD, columns, tables
 

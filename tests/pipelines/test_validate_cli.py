@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from flows.validate_cli import _print_validation
-from pipelines.validate import validate_dataset
+from pipelines.quality.validate import validate_dataset
 from tests.conftest import ROOT
 from tests.pipelines.test_validate import BAD, GOOD, validated  # noqa: F401 (a fixture)
 

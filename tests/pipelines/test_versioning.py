@@ -13,8 +13,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines import versioning
-from pipelines.sources import s3_client
+from pipelines.ingest import versioning
+from pipelines.ingest.sources import s3_client
 from tests.pipelines.test_sources import FaultyProxy, proxy, s3_env, s3_server  # noqa: F401
 
 

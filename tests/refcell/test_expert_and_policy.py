@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from pipelines.policy import Policy, load_policy, save_policy
+from pipelines.training.policy import Policy, load_policy, save_policy
 from refcell.expert import Expert
 from refcell.pretrain import pretrain
 from refcell.runner import Operator, run_episodes, summarize

@@ -10,7 +10,7 @@ import pytest
 from mcap.reader import make_reader
 from mcap_ros2.decoder import DecoderFactory
 
-from pipelines import schema
+from pipelines.contract import schema
 from refcell.expert import Expert
 from refcell.shift import GROUND_TRUTH_DIR, record_shift
 from refcell.truth import FAILURE_CLASSES

@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines.params import CellParams, TriageParams
+from pipelines.contract.params import CellParams, TriageParams
 
 PERCEPTION, CONTROL, PHYSICS, NOVEL_PART, SAFETY = (
     "perception",
@@ -666,7 +666,7 @@ def triage_dataset(
     capture_window_steps: int,
 ) -> TriageReport:
     """`triage` over a canonical dataset folder, captures' sidecars read from `captures_dir`."""
-    from pipelines.ingest import read_dataset
+    from pipelines.ingest.store import read_dataset
 
     episodes, steps = read_dataset(Path(dataset))
     if episodes.num_rows == 0:

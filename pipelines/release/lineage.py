@@ -29,8 +29,9 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from pipelines import tracking, versioning
-from pipelines.ingest import sha256_file
+from pipelines.ingest import versioning
+from pipelines.ingest.store import sha256_file
+from pipelines.training import tracking
 
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 SOURCE_INDEX = Path(".realloop/lineage-sources.jsonl")  # in the workspace

@@ -41,7 +41,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines.params import CellParams, DriftParams, Params
+from pipelines.contract.params import CellParams, DriftParams, Params
 
 PERCEPTION_CONFIDENCE = "perception_confidence"
 POSE_JITTER = "pose_jitter_m"
@@ -535,7 +535,7 @@ class Baseline:
 def resolve_baseline(workspace: Path, dataset: Path, production: Mapping | None) -> Baseline:
     """The production model's training batches (registry record: `training_batches`, else its
     `dataset_version`'s batches); before any promotion, the first version of the dataset."""
-    from pipelines import versioning
+    from pipelines.ingest import versioning
 
     model_version = None
     if production:
@@ -562,8 +562,8 @@ def drift_report(workspace: Path, params: Params, production: Mapping | None = N
     `drift.json` under `<workspace>/<drift.out>/<dataset_version>/`. `production` is the
     production model's registry record (tracking.model_version_record), None before any
     promotion."""
-    from pipelines import versioning
-    from pipelines.ingest import read_dataset
+    from pipelines.ingest import versioning
+    from pipelines.ingest.store import read_dataset
 
     workspace = Path(workspace).resolve()
     dataset = workspace / params.ingest.dataset

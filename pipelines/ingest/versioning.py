@@ -108,7 +108,7 @@ def ensure_workspace(workspace: Path, remote_url: str, unversioned: tuple[Path, 
             url = remote_url if "://" in remote_url else str((workspace / remote_url).resolve())
             remote = {"url": url}
             if url.startswith("s3://"):
-                from pipelines.sources import s3_endpoint_url
+                from pipelines.ingest.sources import s3_endpoint_url
 
                 if endpoint := s3_endpoint_url():
                     remote["endpointurl"] = endpoint

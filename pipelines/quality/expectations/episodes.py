@@ -2,7 +2,7 @@
 
 The frame is the episodes table with each vector reduced to its smallest component (NaN when
 the vector or any component is null or NaN) and these per-episode columns derived by
-pipelines.validate, vectorized with pyarrow:
+pipelines.quality.validate, vectorized with pyarrow:
 
     episode_id_well_formed  episode_id matches EPISODE_ID_PATTERN (pyarrow's regex engine)
     step_rows               rows of the episode in the steps table
@@ -16,8 +16,8 @@ pipelines.validate, vectorized with pyarrow:
 
 from __future__ import annotations
 
-from pipelines.expectations import CRITICAL, WARNING, meta, param
-from pipelines.schema import EPISODES_SCHEMA
+from pipelines.contract.schema import EPISODES_SCHEMA
+from pipelines.quality.expectations import CRITICAL, WARNING, meta, param
 
 TABLE = "episodes"
 FAILURE_CAUSES = ("timeout", "part_lost", "safety_stop")  # docs/data-contract.md

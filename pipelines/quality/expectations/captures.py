@@ -2,7 +2,8 @@
 
 A capture is a reason an episode lists in `edge_case_reasons`, joined with its JSON sidecar
 when one is found in `<landing>/captures/`, plus every such sidecar whose reason the episode
-does not list (a capture that landed after its log was ingested). pipelines.validate derives:
+does not list (a capture that landed after its log was ingested).
+pipelines.quality.validate derives:
 
     in_dataset           the episode lists the capture's reason
     has_sidecar          its sidecar was found (null when no captures folder was given)
@@ -20,7 +21,7 @@ hold (provenance broken: "nothing is lost") is critical; the rest are warnings.
 
 from __future__ import annotations
 
-from pipelines.expectations import CRITICAL, WARNING, meta
+from pipelines.quality.expectations import CRITICAL, WARNING, meta
 
 TABLE = "captures"
 CAPTURE_REASONS = ("low_confidence", "operator_flag", "safety_stop", "near_failure", "retry")

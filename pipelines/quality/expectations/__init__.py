@@ -56,7 +56,7 @@ def meta(
 
 def suites() -> dict[str, list]:
     """Every suite's expectations, by table name (imports GX: seconds)."""
-    from pipelines.expectations import captures, episodes, steps
+    from pipelines.quality.expectations import captures, episodes, steps
 
     return {
         "episodes": episodes.expectations(),

@@ -44,8 +44,8 @@ if TYPE_CHECKING:
     from mlflow.data.dataset_source import DatasetSource
     from mlflow.entities import Run
 
-    from pipelines.params import TrainParams
-    from pipelines.train import EpochMetrics
+    from pipelines.contract.params import TrainParams
+    from pipelines.training.train import EpochMetrics
 
 DB_FILE = "mlflow.db"
 ARTIFACTS_DIR = "mlartifacts"
@@ -339,7 +339,7 @@ def register_policy(
     _quiet_mlflow()
     from mlflow.exceptions import MlflowException
 
-    from pipelines.policy import CONFIG_FILE, WEIGHTS_FILE, load_policy
+    from pipelines.training.policy import CONFIG_FILE, WEIGHTS_FILE, load_policy
 
     policy_folder = Path(policy_folder)
     load_policy(policy_folder)  # refuse to register anything that would not load on the cell
@@ -447,7 +447,7 @@ def download_policy(
 ) -> Path:
     """Fetch the version's weights and config into the folder `dest` (replacing it), after
     checking the weights' sha256 against the registry and that the policy loads."""
-    from pipelines.policy import CONFIG_FILE, WEIGHTS_FILE, load_policy
+    from pipelines.training.policy import CONFIG_FILE, WEIGHTS_FILE, load_policy
 
     info = model_version_info(registered_model, version, workspace=workspace)  # quietly imports
     import mlflow.artifacts

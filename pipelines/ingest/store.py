@@ -53,8 +53,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipelines import schema
-from pipelines.params import CellParams, IngestParams
+from pipelines.contract import schema
+from pipelines.contract.params import CellParams, IngestParams
 
 MCAP_MAGIC = b"\x89MCAP0\r\n"
 CAPTURES_DIR = "captures"
@@ -233,13 +233,13 @@ class DecodedLog:
 
 def read_log(path: Path) -> DecodedLog:
     """Decode one MCAP shift log: container checks (incl. the summary CRC), then the
-    vectorized decoder of pipelines/decode.py on the contract's topics (extra topics are
+    vectorized decoder of pipelines/ingest/decode.py on the contract's topics (extra topics are
     only counted).
 
     Raises UnreadableLog for anything that is not a complete, intact MCAP file,
     ContractViolation for a contract topic with another encoding or message type.
     """
-    from pipelines.decode import McapDecodeError, decode_log
+    from pipelines.ingest.decode import McapDecodeError, decode_log
 
     path = Path(path)
     check_container(path)

@@ -2,7 +2,7 @@
 
 A batch is what ingest made of one source log file: `<dataset>/episodes/<sha256>.parquet` and
 `<dataset>/steps/<sha256>.parquet`, plus the edge-case captures of its episodes. Three suites
-check it (pipelines/expectations/: episodes, steps, captures); each expectation is critical
+check it (pipelines/quality/expectations/: episodes, steps, captures); each expectation is critical
 or warning. A batch failing a critical one is excluded from training, never deleted, until
 someone re-admits it (`admit_batch`, `realloop admit`); warnings are reported only.
 
@@ -14,7 +14,7 @@ How it runs, and why:
   and index advance within an episode, sampling jitter, correction vs intervention) are
   derived vectorized with pyarrow/numpy, and GX checks the steps table's extremes: per column
   its min, its max and a null if it has any, which pass exactly when every step does (see
-  pipelines/expectations/steps.py). Episodes (one row each) and captures are checked by GX
+  pipelines/quality/expectations/steps.py). Episodes (one row each) and captures are checked by GX
   row by row, with per-episode aggregates of the steps joined on.
 - GX only decides pass or fail (BOOLEAN_ONLY: its counting doubles its cost). For a failed
   expectation realloop counts the offending rows exactly, per vector axis, names the first
@@ -64,11 +64,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipelines.expectations import CRITICAL, WARNING
-from pipelines.expectations import captures as captures_suite
-from pipelines.expectations import episodes as episode_suite
-from pipelines.params import CellParams, ValidateParams
-from pipelines.schema import EPISODES_SCHEMA, STEPS_SCHEMA
+from pipelines.contract.params import CellParams, ValidateParams
+from pipelines.contract.schema import EPISODES_SCHEMA, STEPS_SCHEMA
+from pipelines.quality.expectations import CRITICAL, WARNING
+from pipelines.quality.expectations import captures as captures_suite
+from pipelines.quality.expectations import episodes as episode_suite
 
 # Names of the components of each vector column (failure messages count per axis).
 VECTOR_AXES = {
@@ -225,7 +225,7 @@ def validation_root(dataset: Path) -> Path:
 
 def current_dataset_version(dataset: Path) -> str:
     """The version `<dataset>.dvc` records, or "unversioned" before the first `dvc add`."""
-    from pipelines.versioning import current_version
+    from pipelines.ingest.versioning import current_version
 
     dataset = Path(dataset).resolve()
     try:
@@ -452,7 +452,7 @@ def _read_table(path: Path, contract: pa.Schema) -> pa.Table:
 
     pyarrow fails to read null fixed-size lists (nullable vectors such as corrected_action)
     from Parquet (apache/arrow#35692), so ingest stores nullable vectors as list<float32>
-    (`pipelines.ingest.storage_schema`). The cast restores the contract's type and raises on
+    (`pipelines.ingest.store.storage_schema`). The cast restores the contract's type and raises on
     a row of the wrong length, in which case the column is left for the schema check to report.
     Nothing else is cast: a drifted type must reach the schema check as it is.
     """
@@ -1129,7 +1129,7 @@ def _runtime() -> _Runtime:  # called with _GX_LOCK held
     import great_expectations as gx
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
-    from pipelines.expectations import suites
+    from pipelines.quality.expectations import suites
 
     context = gx.get_context(mode="ephemeral")
     context.variables.progress_bars = ProgressBarsConfig(globally=False)

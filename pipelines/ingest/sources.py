@@ -94,7 +94,7 @@ class Source(Protocol):
 
 
 class LandingFolder:
-    """Files ingested where they landed; what counts as a log is `pipelines.ingest`'s rule."""
+    """Files ingested where they landed; what counts as a log is `pipelines.ingest.store`'s rule."""
 
     def __init__(self, folder: Path, exclude: Iterable[Path] = ()) -> None:
         self.root = Path(folder)
@@ -130,8 +130,8 @@ def local_file(path: Path, root: Path, resolved_root: Path | None = None) -> Sou
 
 
 def landing_entries(landing: Path, exclude: Iterable[Path] = ()) -> tuple[list[Path], list[Path]]:
-    """(logs and exports, capture sidecars) that `pipelines.ingest` finds in `landing`."""
-    from pipelines import ingest
+    """(logs and exports, capture sidecars) that `pipelines.ingest.store` finds in `landing`."""
+    from pipelines.ingest import store as ingest
 
     return ingest.landing_files(landing, exclude=tuple(exclude))
 

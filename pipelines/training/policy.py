@@ -17,7 +17,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from pipelines.schema import ACTION_FIELDS, ACTION_SIZE, OBS_FIELDS, OBS_SIZE
+from pipelines.contract.schema import ACTION_FIELDS, ACTION_SIZE, OBS_FIELDS, OBS_SIZE
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"

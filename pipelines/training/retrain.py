@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipelines import tracking
-from pipelines.finetune import TrainingSet, finetune, training_examples
-from pipelines.ingest import read_dataset
-from pipelines.params import Params
-from pipelines.policy import load_policy, save_policy
+from pipelines.contract.params import Params
+from pipelines.ingest.store import read_dataset
+from pipelines.training import tracking
+from pipelines.training.finetune import TrainingSet, finetune, training_examples
+from pipelines.training.policy import load_policy, save_policy
 
 
 def fine_tune_and_register(

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from pipelines.policy import PolicyNet
+from pipelines.training.policy import PolicyNet
 
 
 @dataclass(frozen=True)

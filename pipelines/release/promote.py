@@ -22,8 +22,8 @@ from urllib.parse import urlparse
 from edge.bundle import CONFIG_FILE, MODEL_FILE
 from edge.channel import publish_bundle
 from edge.integrity import sha256_file
-from pipelines import tracking
-from pipelines.params import CellParams, PromoteParams
+from pipelines.contract.params import CellParams, PromoteParams
+from pipelines.training import tracking
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ def promote(
     version, the MLflow run id and the whole gate record. `policy_folder` must hold exactly the
     registered version's weights (checked against the registry's sha256), so a bundle can never
     claim a version it is not. The registry is the one of `workspace` (default: the workspace
-    in use, see pipelines.tracking), and a relative local channel is taken relative to it.
+    in use, see pipelines.training.tracking), and a relative local channel is taken relative to it.
     """
     gate = _gate_record(decision)
     reasons = [str(reason) for reason in gate.get("reasons", [])]
@@ -66,7 +66,8 @@ def promote(
         reasons.append("not promoted: the gate did not pass; channel and alias are unchanged")
         return PromotionResult(False, reasons, None, None, None)
 
-    # A policy folder and a bundle use the same two file names (pipelines.policy, edge.bundle).
+    # A policy folder and a bundle use the same two file names
+    # (pipelines.training.policy, edge.bundle).
     files = {name: Path(policy_folder) / name for name in (MODEL_FILE, CONFIG_FILE)}
     _check_is_registered_version(workspace, registered_model, version, run_id, files)
     channel = _channel_location(params.channel, workspace)

@@ -1,6 +1,6 @@
 """The steps suite: every control step, checked through the column extremes.
 
-A 1,000,000-step batch is too many rows for GX's per-row machinery, so pipelines.validate
+A 1,000,000-step batch is too many rows for GX's per-row machinery, so pipelines.quality.validate
 hands GX a three-row frame per batch instead: each column's minimum, its maximum, and a null
 in the third row when the column holds any null or NaN (the minimum again otherwise). Vectors
 reduce over all their components. For the expectations used here (values between two
@@ -21,8 +21,8 @@ Derived per-step columns (NaN on an episode's first step where a previous step i
 
 from __future__ import annotations
 
-from pipelines.expectations import CRITICAL, WARNING, meta, param
-from pipelines.schema import STEPS_SCHEMA
+from pipelines.contract.schema import STEPS_SCHEMA
+from pipelines.quality.expectations import CRITICAL, WARNING, meta, param
 
 TABLE = "steps"
 TIMING = ("time_s", "step", "episode_id")

@@ -15,10 +15,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines.params import TrainParams
-from pipelines.policy import PolicyNet
-from pipelines.schema import ACTION_SIZE
-from pipelines.train import EpochMetrics, fit
+from pipelines.contract.params import TrainParams
+from pipelines.contract.schema import ACTION_SIZE
+from pipelines.training.policy import PolicyNet
+from pipelines.training.train import EpochMetrics, fit
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,8 @@ contract into numpy column arrays per topic, in pure Python and numpy (about 1.7
   template of their own, and past a few templates a correct per-message slow path.
 
 Errors are `McapDecodeError`, one line, with a `kind` saying which problem it is (see KINDS);
-the caller quarantines the file. `decode_log` adapts the result to `pipelines.ingest.DecodedLog`.
+the caller quarantines the file. `decode_log` adapts the result
+to `pipelines.ingest.store.DecodedLog`.
 """
 
 from __future__ import annotations
@@ -1420,7 +1421,7 @@ def decode(
 
 
 def decode_log(path: Path):
-    """`pipelines.ingest.read_log`, fast: the same DecodedLog (fields, dtypes, order).
+    """`pipelines.ingest.store.read_log`, fast: the same DecodedLog (fields, dtypes, order).
 
     Raises McapDecodeError where read_log raises UnreadableLog, and ingest's
     ContractViolation where read_log does: a contract topic with another encoding or type
@@ -1430,8 +1431,8 @@ def decode_log(path: Path):
     ingest.check_container first for that), and rejects a contract type whose definition
     differs from the standard one (McapDecodeError, kind unknown_schema).
     """
-    from pipelines import schema
-    from pipelines.ingest import TOPIC_TYPES, ContractViolation, DecodedLog, check_channels
+    from pipelines.contract import schema
+    from pipelines.ingest.store import TOPIC_TYPES, ContractViolation, DecodedLog, check_channels
 
     def check(channel: ChannelInfo) -> None:
         check_channels([_channel_tuple(channel)])

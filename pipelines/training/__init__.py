@@ -1,0 +1,1 @@
+"""Training: the policy network, training and fine-tuning, MLflow tracking and the registry."""
