@@ -43,6 +43,9 @@ from pathlib import Path
 
 import numpy as np
 
+from pipelines.contract import schema
+from pipelines.ingest.decoded import TOPIC_TYPES, ContractViolation, DecodedLog, check_channels
+
 MCAP_MAGIC = b"\x89MCAP0\r\n"
 
 # McapDecodeError.kind values: what the ingest owner maps to quarantine reasons.
@@ -1431,8 +1434,6 @@ def decode_log(path: Path):
     ingest.check_container first for that), and rejects a contract type whose definition
     differs from the standard one (McapDecodeError, kind unknown_schema).
     """
-    from pipelines.contract import schema
-    from pipelines.ingest.store import TOPIC_TYPES, ContractViolation, DecodedLog, check_channels
 
     def check(channel: ChannelInfo) -> None:
         check_channels([_channel_tuple(channel)])

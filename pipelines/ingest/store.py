@@ -55,6 +55,16 @@ import pyarrow.parquet as pq
 
 from pipelines.contract import schema
 from pipelines.contract.params import CellParams, IngestParams
+from pipelines.ingest.decode import McapDecodeError, decode_log
+from pipelines.ingest.decoded import (
+    METADATA_KEYS,
+    PER_STEP_TOPICS,
+    ContractViolation,
+    DecodedLog,
+    QuarantineError,
+    UnreadableLog,
+    check_channels,
+)
 
 MCAP_MAGIC = b"\x89MCAP0\r\n"
 CAPTURES_DIR = "captures"
@@ -66,28 +76,6 @@ LOCK_NAME = ".ingest.lock"
 TMP_DIR_NAME = ".ingest-tmp"
 LOG_SUFFIX, JSONL_SUFFIX, PARQUET_SUFFIX = ".mcap", ".jsonl", ".parquet"
 INGESTED, SKIPPED, QUARANTINED = "ingested", "skipped", "quarantined"
-METADATA_KEYS = (
-    "cell_id",
-    "robot_serial",
-    "policy_version",
-    "sensor_calibration_id",
-    "software_version",
-    "control_hz",
-)
-TOPIC_TYPES = {
-    schema.TOPIC_JOINT_STATES: "sensor_msgs/msg/JointState",
-    schema.TOPIC_PART_POSE: "geometry_msgs/msg/PoseStamped",
-    schema.TOPIC_PART_CONFIDENCE: "std_msgs/msg/Float32",
-    schema.TOPIC_COMMAND: "geometry_msgs/msg/TwistStamped",
-    schema.TOPIC_TARGET: "geometry_msgs/msg/PoseStamped",
-    schema.TOPIC_EVENTS: "std_msgs/msg/String",
-}
-PER_STEP_TOPICS = (
-    schema.TOPIC_JOINT_STATES,
-    schema.TOPIC_PART_POSE,
-    schema.TOPIC_PART_CONFIDENCE,
-    schema.TOPIC_COMMAND,
-)
 # Columns that differ between two ingest runs of the same file: left out of content hashes.
 RUN_COLUMNS = ("ingest_run_id", "ingested_at")
 # Episode columns that say where a row came from rather than what happened: left out of the
@@ -107,18 +95,6 @@ ALREADY_INGESTED = "already ingested (same sha256)"
 _TMP_PREFIX = ".ingest-"
 _STALE_TMP_S = 3600.0
 _READ_BLOCK = 1 << 20
-
-
-class QuarantineError(ValueError):
-    """A landing file that cannot be ingested; the message is the one-line reason."""
-
-
-class UnreadableLog(QuarantineError):
-    """The file is not a complete, readable log or export."""
-
-
-class ContractViolation(QuarantineError):
-    """The file reads, but breaks docs/data-contract.md."""
 
 
 # --- results ---------------------------------------------------------------------------
@@ -191,46 +167,6 @@ class IngestReport:
         }
 
 
-# --- decoding: the one place that knows how MCAP bytes become arrays -----------------
-
-
-@dataclass
-class DecodedLog:
-    """A shift log's content as column arrays per topic, sorted by log time (ns)."""
-
-    metadata: dict[str, dict[str, str]]
-    topic_counts: dict[str, int]  # every topic in the file, the contract's and extra ones
-    joint_time: np.ndarray  # int64 (n,)
-    joint_position: np.ndarray  # float64 (n, 2) in JOINT_NAMES order
-    joint_velocity: np.ndarray  # float64 (n, 2)
-    pose_time: np.ndarray
-    pose_xy: np.ndarray  # float64 (n, 2)
-    pose_zw: np.ndarray  # float64 (n, 2): quaternion z, w
-    confidence_time: np.ndarray
-    confidence: np.ndarray  # float32 (n,)
-    command_time: np.ndarray
-    command_mps: np.ndarray  # float64 (n, 2): twist.linear.x, .y
-    target_time: np.ndarray
-    target_xy: np.ndarray  # float64 (n, 2)
-    events: list[tuple[int, str]]  # (log time, JSON text), in log-time order
-    chunks: list[tuple[int, int, int, int]]  # (first, last message time, byte offset, length)
-    # For validation, filled by the decoder when it can (empty: not checked here):
-    # (topic, message encoding, schema name, schema encoding) of every channel,
-    channels: list[tuple[str, str, str, str]] = field(default_factory=list)
-    # and per topic, messages whose log time is earlier than the previous message's on that
-    # topic in file order: (count, first such log time, the log time before it).
-    time_backsteps: dict[str, tuple[int, int, int]] = field(default_factory=dict)
-
-    @property
-    def messages(self) -> int:
-        return sum(self.topic_counts.values())
-
-    @property
-    def unknown_topics(self) -> dict[str, int]:
-        """Extra topics (not in the contract) and their message counts: never decoded."""
-        return {t: n for t, n in sorted(self.topic_counts.items()) if t not in TOPIC_TYPES}
-
-
 def read_log(path: Path) -> DecodedLog:
     """Decode one MCAP shift log: container checks (incl. the summary CRC), then the
     vectorized decoder of pipelines/ingest/decode.py on the contract's topics (extra topics are
@@ -239,8 +175,6 @@ def read_log(path: Path) -> DecodedLog:
     Raises UnreadableLog for anything that is not a complete, intact MCAP file,
     ContractViolation for a contract topic with another encoding or message type.
     """
-    from pipelines.ingest.decode import McapDecodeError, decode_log
-
     path = Path(path)
     check_container(path)
     try:
@@ -388,27 +322,6 @@ def _channel_info(channel, schema_) -> tuple[str, str, str, str]:
     name = schema_.name if schema_ is not None else ""
     encoding = schema_.encoding if schema_ is not None else ""
     return (channel.topic, channel.message_encoding, name, encoding)
-
-
-def check_channels(channels: Iterable[tuple[str, str, str, str]]) -> None:
-    """The contract's topics are CDR messages with ros2msg schemas of the contract's types.
-
-    Extra topics are not checked: ingest never decodes them, only counts them.
-    """
-    for topic, message_encoding, schema_name, schema_encoding in channels:
-        expected = TOPIC_TYPES.get(topic)
-        if expected is None:
-            continue
-        if message_encoding != "cdr":
-            raise ContractViolation(
-                f"unknown message encoding {message_encoding!r} on topic {topic} "
-                "(the contract's topics are CDR)"
-            )
-        if schema_encoding != "ros2msg" or schema_name != expected:
-            found = f"{schema_name or 'no schema'} ({schema_encoding or 'no encoding'})"
-            raise ContractViolation(
-                f"unknown schema on topic {topic}: {found}, expected {expected} (ros2msg)"
-            )
 
 
 class _Collector:
