@@ -19,17 +19,21 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(BIN)/realloop loop
 
+# ruff, then the architecture contracts (pyproject's [tool.importlinter]), then the tests.
 test: setup
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/pytest -q -m "not slow"
 
 # Adds the slow checks: e.g. triage precision on a 1,000-episode shift (needs models/sim-policy).
 test-all: setup
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/pytest -q
 
 lint: setup
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/ruff format --check .
 
 bench: setup

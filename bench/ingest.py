@@ -11,7 +11,7 @@ own subprocess, pinned to one thread, from opening the file to a closed Parquet 
 (log_time, position[7], velocity[7], effort[7]) written with the same pyarrow settings:
 (a) the official mcap reader with the mcap-ros2-support decoder, message by message;
 (b) the rosbags library (AnyReader on the .mcap file, deserialize per message);
-(c) realloop's pipelines.ingest.decode (iter_batches: one batch of column arrays per chunk).
+(c) realloop's pipelines.ingest.mcap.decode (iter_batches: one batch of column arrays per chunk).
 (a) and (b) read the first `--baseline-messages` messages (a prefix: they are slow) and report
 messages/s; (c) reads the whole file. The floor is reading and decompressing every chunk,
 nothing else. (c)'s output is checked equal to (a)'s and (b)'s on their prefix. With
@@ -265,14 +265,14 @@ def write_log(path: Path, messages: int) -> None:
 
 def write_big_log(path: Path, size: int) -> int:
     """About `size` bytes of the same messages, fast: one message encoded by mcap-ros2, its
-    numbers replaced per message at the offsets pipelines.ingest.decode finds in it, written
+    numbers replaced per message at the offsets pipelines.ingest.mcap.decode finds in it, written
     with the
     official low-level mcap writer. Returns the message count."""
     import numpy as np
     from mcap.writer import Writer
     from mcap_ros2._dynamic import serialize_dynamic
 
-    from pipelines.ingest.decode import _walk
+    from pipelines.ingest.mcap.cdr_walk import _walk
     from refcell.rosmsgs import message_definition
 
     definition = message_definition(DATATYPE)
@@ -367,7 +367,7 @@ def _warm_imports(way: str) -> None:
     elif way == "rosbags":
         import rosbags.highlevel  # noqa: F401
     elif way == "realloop":
-        import pipelines.ingest.decode  # noqa: F401
+        import pipelines.ingest.mcap.decode  # noqa: F401
 
 
 class _ParquetSink:
@@ -418,7 +418,7 @@ class _ParquetSink:
 
 
 def _realloop(log: Path, out: Path, limit: int | None, compression: str) -> tuple[int, float]:
-    from pipelines.ingest.decode import iter_batches
+    from pipelines.ingest.mcap.decode import iter_batches
 
     sink, count = _ParquetSink(out, compression), 0
     for batch in iter_batches(log, topics={TOPIC}):

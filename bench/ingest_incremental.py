@@ -92,51 +92,84 @@ def run(
         files = [_variant(base, logs, index) for index in range(needed)]
         variants_s = time.perf_counter() - started
         pool = iter(files)
-        _setup(tmp / "warm-up", params_path, [base])  # the API server, imports, caches
         sizes = {"small": small, "large": large}
-        workspaces = {}
-        for label, size in sizes.items():
-            workspaces[label] = _setup(tmp / label, params_path, [next(pool) for _ in range(size)])
-        for label in sizes:  # the first addition after a bulk ingest warms DVC's state
-            _add_one(workspaces[label], next(pool), direct=True)
-        timed: dict[str, list[dict]] = {label: [] for label in sizes}
-        direct: dict[str, list[dict]] = {label: [] for label in sizes}
-        # Without Prefect first (nothing of the API's working in the background), then
-        # through it; sizes alternate so drift on this shared machine hits both.
-        for _ in range(direct_repeats):
-            for label in sizes:
-                direct[label].append(_add_one(workspaces[label], next(pool), direct=True))
-        for _ in range(repeats):
-            for label in sizes:
-                timed[label].append(_add_one(workspaces[label], next(pool)))
+        workspaces, timed, direct = _measure(
+            tmp, params_path, base, pool, sizes, repeats, direct_repeats
+        )
         status = {label: _dvc_status(workspaces[label]["root"]) for label in sizes}
         base_bytes = base.stat().st_size
     result = {
-        label: {
-            "sources_before": size,
-            "setup_ingest_s": workspaces[label]["setup_s"],
-            "setup_files_per_s": size / workspaces[label]["setup_s"],
-            "add_one_s": [r["wall_s"] for r in timed[label]],
-            "add_one_median_s": statistics.median(r["wall_s"] for r in timed[label]),
-            "direct_add_one_s": [r["wall_s"] for r in direct[label]],
-            "direct_add_one_median_s": statistics.median(r["wall_s"] for r in direct[label]),
-            "direct_add_one_min_s": min(r["wall_s"] for r in direct[label]),
-            "add_one_min_s": min(r["wall_s"] for r in timed[label]),
-            "versioning_median_s": statistics.median(
-                r["versioning_s"] for r in timed[label] + direct[label]
-            ),
-            "dvc_hashed_files": [r["dvc_hashed"] for r in timed[label] + direct[label]],
-            "landing_files_hashed": [r["landing_hashed"] for r in timed[label] + direct[label]],
-            "old_files_checked": direct[label][-1]["old_files_checked"],
-            "old_files_changed": sum(r["old_files_changed"] for r in timed[label] + direct[label]),
-            "old_files_rehashed": sum(
-                r["old_files_rehashed"] for r in timed[label] + direct[label]
-            ),
-            "new_versions": sum(r["new_version"] for r in timed[label] + direct[label]),
-            **status[label],
-        }
+        label: _size_result(size, workspaces[label], timed[label], direct[label], status[label])
         for label, size in sizes.items()
     }
+    return {
+        "base_log_bytes": base_bytes,
+        "episodes_per_log": episodes,
+        "variants_s": variants_s,
+        "repeats": repeats,
+        "direct_repeats": direct_repeats,
+        **result,
+        **_verdict(result, sizes),
+        "machine": {"cores": os.cpu_count(), "python": sys.version.split()[0]},
+    }
+
+
+def _measure(
+    tmp: Path,
+    params_path: Path,
+    base: Path,
+    pool: Iterator[Path],
+    sizes: dict[str, int],
+    repeats: int,
+    direct_repeats: int,
+) -> tuple[dict, dict[str, list[dict]], dict[str, list[dict]]]:
+    """A workspace per size, set up from the pool's logs; then one log added at a time."""
+    _setup(tmp / "warm-up", params_path, [base])  # the API server, imports, caches
+    workspaces = {}
+    for label, size in sizes.items():
+        workspaces[label] = _setup(tmp / label, params_path, [next(pool) for _ in range(size)])
+    for label in sizes:  # the first addition after a bulk ingest warms DVC's state
+        _add_one(workspaces[label], next(pool), direct=True)
+    timed: dict[str, list[dict]] = {label: [] for label in sizes}
+    direct: dict[str, list[dict]] = {label: [] for label in sizes}
+    # Without Prefect first (nothing of the API's working in the background), then
+    # through it; sizes alternate so drift on this shared machine hits both.
+    for _ in range(direct_repeats):
+        for label in sizes:
+            direct[label].append(_add_one(workspaces[label], next(pool), direct=True))
+    for _ in range(repeats):
+        for label in sizes:
+            timed[label].append(_add_one(workspaces[label], next(pool)))
+    return workspaces, timed, direct
+
+
+def _size_result(
+    size: int, workspace: dict, timed: list[dict], direct: list[dict], status: dict
+) -> dict:
+    """One size's figures: setup throughput, the additions' times and what they touched."""
+    return {
+        "sources_before": size,
+        "setup_ingest_s": workspace["setup_s"],
+        "setup_files_per_s": size / workspace["setup_s"],
+        "add_one_s": [r["wall_s"] for r in timed],
+        "add_one_median_s": statistics.median(r["wall_s"] for r in timed),
+        "direct_add_one_s": [r["wall_s"] for r in direct],
+        "direct_add_one_median_s": statistics.median(r["wall_s"] for r in direct),
+        "direct_add_one_min_s": min(r["wall_s"] for r in direct),
+        "add_one_min_s": min(r["wall_s"] for r in timed),
+        "versioning_median_s": statistics.median(r["versioning_s"] for r in timed + direct),
+        "dvc_hashed_files": [r["dvc_hashed"] for r in timed + direct],
+        "landing_files_hashed": [r["landing_hashed"] for r in timed + direct],
+        "old_files_checked": direct[-1]["old_files_checked"],
+        "old_files_changed": sum(r["old_files_changed"] for r in timed + direct),
+        "old_files_rehashed": sum(r["old_files_rehashed"] for r in timed + direct),
+        "new_versions": sum(r["new_version"] for r in timed + direct),
+        **status,
+    }
+
+
+def _verdict(result: dict, sizes: dict[str, int]) -> dict:
+    """large/small ratios, and whether the target is met with no old file touched."""
     ratio = result["large"]["add_one_median_s"] / result["small"]["add_one_median_s"]
     direct_ratio = (
         result["large"]["direct_add_one_median_s"] / result["small"]["direct_add_one_median_s"]
@@ -145,12 +178,6 @@ def run(
         result["large"]["direct_add_one_min_s"] / result["small"]["direct_add_one_min_s"]
     )
     return {
-        "base_log_bytes": base_bytes,
-        "episodes_per_log": episodes,
-        "variants_s": variants_s,
-        "repeats": repeats,
-        "direct_repeats": direct_repeats,
-        **result,
         "ratio": ratio,
         "direct_ratio": direct_ratio,
         "direct_min_ratio": direct_min_ratio,
@@ -162,7 +189,6 @@ def run(
         "status_ratio": result["large"]["dvc_status_s"] / result["small"]["dvc_status_s"],
         "status_cli_ratio": result["large"]["dvc_status_cli_s"]
         / result["small"]["dvc_status_cli_s"],
-        "machine": {"cores": os.cpu_count(), "python": sys.version.split()[0]},
     }
 
 
@@ -353,7 +379,7 @@ def _counting_hashes() -> Iterator[dict[str, list[str]]]:
     """Record the paths DVC computes an md5 of, and the files realloop computes a sha256 of."""
     import dvc_data.hashfile.hash as dvc_hash
 
-    from pipelines.ingest import store as ingest
+    from pipelines.ingest import landing as ingest
 
     hashed: dict[str, list[str]] = {"dvc": [], "landing": []}
     file_md5, sha256_file = dvc_hash.file_md5, ingest.sha256_file
@@ -395,7 +421,7 @@ def _timing_versioning() -> Iterator[list[float]]:
 
 
 def _dvc_status(root: Path) -> dict:
-    from pipelines.ingest.versioning import _dvc_repo
+    from pipelines.ingest.dvc_repo import _dvc_repo
 
     times = []
     for _ in range(5):

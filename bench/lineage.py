@@ -9,7 +9,7 @@ MCAP metadata and episode ids rewritten, every other message copied raw), so eac
 distinct source. Each workspace (git + DVC with a local remote, as `realloop ingest` makes
 it) is then filled the way the loop fills it, without the flow's per-run cost:
 
-- its sources are ingested by `pipelines.ingest.store.ingest_file` (the code of the flow's task)
+- its sources are ingested by `pipelines.ingest.landing.ingest_file` (the code of the flow's task)
   and versioned by `pipelines.ingest.versioning.version_dataset` in `versions` equal steps, so
   there are `versions` dataset versions (git commit + tag each), the last holding them all;
 - `models` fine-tuning runs are recorded in the workspace's MLflow store as the retrain
@@ -130,9 +130,8 @@ def _build(
 ) -> dict:
     from bench.ingest_incremental import _variant
     from pipelines.contract.params import load_params
-    from pipelines.ingest import versioning
-    from pipelines.ingest.store import ingest_file
-    from pipelines.training import tracking
+    from pipelines.ingest import ingest_file, versioning
+    from pipelines.training import use_workspace
 
     started = time.perf_counter()
     root.mkdir(parents=True)
@@ -158,7 +157,7 @@ def _build(
         made.append(versioning.version_dataset(root, dataset, push=False))
     if len({v.version for v in made}) != versions:
         raise ValueError("every step should have made a new dataset version")
-    tracking.use_workspace(root)
+    use_workspace(root)
     model_versions = [_record_model(root, params, made, shas, k, models) for k in range(models)]
     return {
         "root": root,
@@ -176,8 +175,15 @@ def _build(
 def _record_model(root: Path, params, made: list, shas: list[str], k: int, models: int) -> str:
     """One fine-tuning run as the retrain stage records it, registered and gated."""
     from pipelines.ingest import versioning
-    from pipelines.training import tracking
-    from pipelines.training.policy import PolicyConfig, PolicyNet, save_policy
+    from pipelines.training import (
+        PolicyConfig,
+        PolicyNet,
+        log_training_batches,
+        record_gate,
+        register_policy,
+        save_policy,
+        start_finetune_run,
+    )
 
     version = made[round(len(made) * (k + 1) / models) - 1].version
     batches = versioning.version_sources(root, version)
@@ -187,12 +193,12 @@ def _record_model(root: Path, params, made: list, shas: list[str], k: int, model
     )
     train = params.train
     profile = {"episodes": 2 * len(batches)}
-    with tracking.start_finetune_run(
+    with start_finetune_run(
         root, train.experiment, train, version, str(root / params.ingest.dataset), profile
     ) as run:
         run_id = run.info.run_id
-        tracking.log_training_batches(batches, "sim-policy")
-        model_version = tracking.register_policy(
+        log_training_batches(batches, "sim-policy")
+        model_version = register_policy(
             run_id,
             folder,
             train.registered_model,
@@ -208,7 +214,7 @@ def _record_model(root: Path, params, made: list, shas: list[str], k: int, model
         "incumbent": {"episodes": 2 * TRIAL_LOGS, "success_rate": 0.5},
         "trial_sources": {"candidate": trials[:TRIAL_LOGS], "incumbent": trials[TRIAL_LOGS:]},
     }
-    tracking.record_gate(train.registered_model, model_version, gate, run_id)
+    record_gate(train.registered_model, model_version, gate, run_id)
     return model_version
 
 
@@ -216,12 +222,12 @@ def _record_model(root: Path, params, made: list, shas: list[str], k: int, model
 
 
 def _time_once(built: dict) -> dict[str, float]:
-    from pipelines.release.lineage import file_lineage, model_lineage
-    from pipelines.training import tracking
+    from pipelines.release import file_lineage, model_lineage
+    from pipelines.training import use_workspace
 
     root, params = built["root"], built["params"]
     dataset, model = root / params.ingest.dataset, params.train.registered_model
-    tracking.use_workspace(root)
+    use_workspace(root)
     times = {}
     started = time.perf_counter()
     result = model_lineage(root, dataset, model, built["model_versions"][-1])
@@ -238,11 +244,11 @@ def _time_once(built: dict) -> dict[str, float]:
 def _time_without_index(built: dict) -> float:
     """(a) once with no source index: every source read from its episodes file (and indexed),
     as on the first lineage call after an upgrade, or after the index was deleted."""
-    from pipelines.release.lineage import SOURCE_INDEX, model_lineage
-    from pipelines.training import tracking
+    from pipelines.release import SOURCE_INDEX, model_lineage
+    from pipelines.training import use_workspace
 
     root, params = built["root"], built["params"]
-    tracking.use_workspace(root)
+    use_workspace(root)
     (root / SOURCE_INDEX).unlink(missing_ok=True)
     started = time.perf_counter()
     result = model_lineage(

@@ -107,7 +107,7 @@ def _start_prefect_api() -> None:
 @contextmanager
 def _workspace(params_path: Path, sim_policy: Path) -> Iterator[Path]:
     from flows.prefect_env import configure_prefect
-    from pipelines.training import tracking
+    from pipelines.training import use_workspace
 
     with tempfile.TemporaryDirectory(prefix="realloop-bench-") as tmp:
         root = Path(tmp)
@@ -116,7 +116,7 @@ def _workspace(params_path: Path, sim_policy: Path) -> Iterator[Path]:
 
         shutil.copytree(sim_policy, root / load_params(params_path).pretrain.out)
         configure_prefect(root)
-        tracking.use_workspace(root)
+        use_workspace(root)
         yield root
 
 

@@ -127,7 +127,7 @@ def _controller(params):
     """The sim policy from pretrain.out, or the privileged expert if none was trained."""
     folder = Path(params.pretrain.out)
     if (folder / "config.json").is_file():
-        from pipelines.training.policy import load_policy
+        from pipelines.training import load_policy
 
         return load_policy(folder)
     from refcell.expert import Expert

@@ -10,7 +10,8 @@ under every expectation, then measures:
     result and the version's Data Docs, with GX's import and start-up (target: under 10 s);
 (b) warm: `validate_batch` on the tables in memory, GX context built (best of --repeats);
 (c) floor: the same checks written directly with pyarrow.compute (and numpy where pyarrow
-    has no kernel), on the same tables (best of --repeats). Target: (b) at most 5x (c).
+    has no kernel; `bench.validate_floor`), on the same tables (best of --repeats). Target:
+    (b) at most 5x (c).
 
 Both sides are then run on a copy with a few rows broken, and their counts of offending rows
 compared check by check: the suites check exactly what the floor checks.
@@ -32,8 +33,9 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
+from bench.validate_floor import pyarrow_checks
 
 TARGET_COLD_S = 10.0
 TARGET_RATIO = 5.0
@@ -87,7 +89,7 @@ def write_batch(root: Path, steps: int, captures: int, cell) -> tuple[Path, Path
     """A valid batch of `steps` steps (100 per episode) as ingest stores it; returns the
     dataset folder and the landing folder holding the captures."""
     from pipelines.contract.schema import EPISODES_SCHEMA, STEPS_SCHEMA
-    from pipelines.ingest.store import storage_schema
+    from pipelines.ingest import storage_schema
 
     dataset, landing = root / "data" / "dataset", root / "data" / "landing"
     for folder in ("episodes", "steps", "attachments"):
@@ -211,215 +213,6 @@ def _add_captures(episodes: pa.Table, count: int, captures: Path, store: Path) -
     return episodes
 
 
-# --- the floor: the same checks, written directly with pyarrow.compute ------------------------
-
-
-def pyarrow_checks(
-    episodes: pa.Table, steps: pa.Table, batch: str, cell, params, captures: Path, store: Path
-) -> dict[str, int]:
-    """Offending rows per check, keyed like `suite_counts` (table.column:kind:severity)."""
-    from pipelines.contract.schema import EPISODES_SCHEMA, STEPS_SCHEMA
-    from pipelines.quality.expectations.captures import CAPTURE_REASONS
-    from pipelines.quality.expectations.episodes import (
-        EPISODE_ID_PATTERN,
-        FAILURE_CAUSES,
-        SAFETY_STOP_KINDS,
-    )
-
-    v, dt = params, cell.dt
-    out: dict[str, int] = {}
-
-    def count(mask) -> int:
-        return int(pc.sum(pc.fill_null(mask, False)).as_py() or 0)
-
-    def put(key: str, mask) -> None:
-        out[key] = count(mask)
-
-    def outside(values, low, high):
-        return pc.or_(pc.less(values, low), pc.greater(values, high))
-
-    def vector_rows(column, test):
-        """Rows of a vector column where `test` holds for any component (null rows: no)."""
-        flat = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-        size = flat.type.list_size
-        values = flat.values.slice(flat.offset * size, len(flat) * size)
-        hits = pc.fill_null(test(values), False).to_numpy(zero_copy_only=False)
-        hits = hits.reshape(len(flat), size)
-        rows = hits[:, 0].copy()
-        for axis in range(1, size):  # numpy reduces a short last axis slowly
-            rows |= hits[:, axis]
-        return pa.array(rows & flat.is_valid().to_numpy(zero_copy_only=False))
-
-    def nulls(table, name):
-        column = table.column(name)
-        if pa.types.is_fixed_size_list(column.type):
-            return count(pc.or_(pc.is_null(column), vector_rows(column, pc.is_nan)))
-        if pa.types.is_floating(column.type):
-            return count(pc.is_null(column, nan_is_null=True))
-        return column.null_count
-
-    for table, name, schema in (
-        ("episodes", episodes, EPISODES_SCHEMA),
-        ("steps", steps, STEPS_SCHEMA),
-    ):
-        for field in schema:
-            if not field.nullable:
-                out[f"{table}.{field.name}:not_be_null:critical"] = nulls(name, field.name)
-
-    # steps: per-episode order, advances, physics
-    ids = steps.column("episode_id").combine_chunks()
-    boundary = pc.fill_null(pc.not_equal(ids[1:], ids[:-1]), True)
-    if 1 + count(boundary) != pc.count_distinct(ids, mode="all").as_py():
-        raise ValueError("the floor expects each episode's steps to be consecutive")
-    within = pa.concat_arrays([pa.array([False]), pc.invert(boundary)])
-    step = steps.column("step").combine_chunks()
-    time_s = steps.column("time_s").combine_chunks()
-    step_adv = pc.pairwise_diff(step)
-    time_adv = pc.pairwise_diff(time_s)
-    error = pc.subtract(time_adv, pc.multiply(pc.cast(step_adv, pa.float64()), dt))
-    put("steps.step_advance:be_between:critical", pc.and_(within, pc.not_equal(step_adv, 1)))
-    put("steps.time_advance_s:be_between:critical", pc.and_(within, pc.less_equal(time_adv, 0)))
-    limit, jitter = v.max_time_step_error_s, v.time_step_tolerance_s
-    put(
-        "steps.time_step_error_s:be_between:critical",
-        pc.and_(within, outside(error, -limit, limit)),
-    )
-    put(
-        "steps.time_step_error_s:be_between:warning",
-        pc.and_(within, outside(error, -jitter, jitter)),
-    )
-    put("steps.step:be_between:critical", outside(step, 0, v.max_steps - 1))
-    put("steps.time_s:be_between:critical", pc.less(time_s, 0))
-    put("steps.part_confidence:be_between:critical", outside(steps.column("part_confidence"), 0, 1))
-    for name in ("action", "corrected_action"):
-        put(
-            f"steps.{name}:be_between:critical",
-            vector_rows(steps.column(name), lambda x: outside(x, -1, 1)),
-        )
-    joint = cell.safety.joint_limit_m + v.joint_reading_margin_m
-    put(
-        "steps.joint_position:be_between:critical",
-        vector_rows(steps.column("joint_position"), lambda x: outside(x, -joint, joint)),
-    )
-    put(
-        "steps.episode_listed:be_in_set:critical",
-        pc.invert(pc.is_in(ids, value_set=episodes.column("episode_id").combine_chunks())),
-    )
-    intervention = steps.column("intervention")
-    corrected = steps.column("corrected_action")
-    has_correction = pc.invert(pc.or_(pc.is_null(corrected), vector_rows(corrected, pc.is_nan)))
-    put(
-        "steps.correction_iff_intervention:be_in_set:critical",
-        pc.and_(pc.is_valid(intervention), pc.not_equal(has_correction, intervention)),
-    )
-    on = pc.and_(pc.fill_null(intervention, False), has_correction)
-    # A null vector keeps its slots in the child array: compare the children directly.
-    commanded = steps.column("action").combine_chunks().values
-    operator = corrected.combine_chunks()
-    operator = operator.values.slice(operator.offset * 2, len(operator) * 2)
-    gap = vector_rows(
-        pa.FixedSizeListArray.from_arrays(pc.abs(pc.subtract(commanded, operator)), 2),
-        lambda x: pc.greater(x, v.action_match_tolerance),
-    )
-    put("steps.correction_gap:be_between:warning", pc.and_(on, gap))
-
-    # episodes: per-episode aggregates of the steps
-    takeover = pc.and_(
-        pc.fill_null(intervention, False),
-        pc.invert(
-            pc.and_(
-                within,
-                pa.concat_arrays(
-                    [pa.array([False]), pc.fill_null(intervention, False).combine_chunks()[:-1]]
-                ),
-            )
-        ),
-    )
-    per_episode = (
-        pa.table({"episode_id": ids, "step": step, "takeover": pc.cast(takeover, pa.int64())})
-        .group_by("episode_id")
-        .aggregate([("step", "count"), ("step", "min"), ("takeover", "sum")])
-    )
-    at = pc.index_in(episodes.column("episode_id"), value_set=per_episode.column("episode_id"))
-    rows = pc.fill_null(pc.take(per_episode.column("step_count"), at), 0)
-    first = pc.take(per_episode.column("step_min"), at)
-    runs = pc.fill_null(pc.take(per_episode.column("takeover_sum"), at), 0)
-    e = episodes
-    n_steps = e.column("steps")
-    put("episodes.steps:column_pair_values_to_be_equal:critical", pc.not_equal(n_steps, rows))
-    put("episodes.first_step:be_between:critical", pc.not_equal(first, 0))
-    put(
-        "episodes.interventions:column_pair_values_to_be_equal:warning",
-        pc.not_equal(e.column("interventions"), runs),
-    )
-    counts = pc.value_counts(e.column("episode_id"))
-    repeated = pc.filter(counts.field("counts"), pc.greater(counts.field("counts"), 1))
-    out["episodes.episode_id:be_unique:critical"] = int(pc.sum(repeated).as_py() or 0)
-    put(
-        "episodes.episode_id_well_formed:be_in_set:critical",
-        pc.invert(pc.match_substring_regex(e.column("episode_id"), EPISODE_ID_PATTERN)),
-    )
-    put("episodes.source_sha256:be_in_set:critical", pc.not_equal(e.column("source_sha256"), batch))
-    put("episodes.steps:be_between:critical", outside(n_steps, v.min_steps, v.max_steps))
-    put("episodes.safety_stops:be_between:critical", outside(e.column("safety_stops"), 0, 1))
-    cycle = pc.cast(e.column("cycle_time_s"), pa.float64())
-    tol = v.cycle_time_tolerance_s
-    cycle_error = pc.subtract(cycle, pc.multiply(pc.cast(n_steps, pa.float64()), dt))
-    put("episodes.cycle_time_error_s:be_between:critical", outside(cycle_error, -tol, tol))
-    put(
-        "episodes.cycle_time_s:be_between:critical",
-        outside(cycle, v.min_steps * dt - tol, v.max_steps * dt + tol),
-    )
-    cause, kind = e.column("failure_cause"), e.column("safety_stop_kind")
-    put(
-        "episodes.outcome_consistent:be_in_set:critical",
-        pc.not_equal(e.column("success"), pc.is_null(cause)),
-    )
-    put(
-        "episodes.failure_cause:be_in_set:warning",
-        pc.and_(pc.is_valid(cause), pc.invert(pc.is_in(cause, value_set=pa.array(FAILURE_CAUSES)))),
-    )
-    put(
-        "episodes.safety_stop_kind:be_in_set:warning",
-        pc.and_(
-            pc.is_valid(kind), pc.invert(pc.is_in(kind, value_set=pa.array(SAFETY_STOP_KINDS)))
-        ),
-    )
-    put(
-        "episodes.stop_kind_consistent:be_in_set:warning",
-        pc.not_equal(pc.greater(e.column("safety_stops"), 0), pc.is_valid(kind)),
-    )
-    listed = pc.greater(pc.fill_null(pc.list_value_length(e.column("edge_case_reasons")), 0), 0)
-    put(
-        "episodes.edge_case_consistent:be_in_set:warning",
-        pc.not_equal(e.column("edge_case"), listed),
-    )
-    extent = e.column("part_extent_m")
-    extent_nan = vector_rows(extent, pc.is_nan)
-    put(
-        "episodes.part_extent_m:be_between:warning",
-        pc.and_(pc.invert(extent_nan), vector_rows(extent, lambda x: pc.less_equal(x, 0))),
-    )
-
-    # captures: the same sidecar and attachment reading as the suite (file I/O, not checks)
-    from pipelines.quality.validate import _captures_frame
-
-    frame = _captures_frame(e, set(e.schema.names), captures, store)
-    for column in ("attachments_stored",):
-        out[f"captures.{column}:be_in_set:critical"] = int((frame[column] == False).sum())  # noqa: E712
-    for column in (
-        "has_sidecar",
-        "in_dataset",
-        "step_in_episode",
-        "sidecar_consistent",
-        "attachments_listed",
-    ):
-        out[f"captures.{column}:be_in_set:warning"] = int((frame[column] == False).sum())  # noqa: E712
-    known = frame["reason"].isin(CAPTURE_REASONS) | frame["reason"].isna()
-    out["captures.reason:be_in_set:warning"] = int((~known).sum())
-    return out
-
-
 def suite_counts(gx_results: dict) -> dict[str, int]:
     """Offending rows per expectation, as realloop filled them into GX's results."""
     counts = {}
@@ -507,7 +300,7 @@ def _cold(dataset: Path, landing: Path, params_path: Path) -> dict:
 
 def _warm(dataset: Path, landing: Path, params, repeats: int) -> dict:
     from pipelines.contract.schema import EPISODES_SCHEMA, STEPS_SCHEMA
-    from pipelines.quality import validate
+    from pipelines.quality.validate import run as validate
 
     cell, v = params.cell, params.validate
     captures, store = landing / "captures", dataset / "attachments"

@@ -38,7 +38,8 @@ from edge.bundle import (
     pointer_key,
     utc_timestamp,
 )
-from edge.channel import Channel, open_channel
+from edge.channel import Channel
+from edge.channels import open_channel
 from edge.errors import EdgeError, KeyNotFoundError, describe_os_error
 from edge.integrity import sha256_bytes, sha256_file, verify_manifest
 

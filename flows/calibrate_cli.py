@@ -33,15 +33,15 @@ def calibrate_command(
 
 
 def run_calibration(workspace: Path, params, out: Path | None = None, progress=None) -> dict:
-    from pipelines.calibrate import calibrate
-    from pipelines.calibrate.report import (
+    from pipelines.calibrate import (
+        calibrate,
         plot_profiles,
         plot_replay,
         replay_comparison,
         write_calibration,
     )
-    from pipelines.ingest.store import read_dataset
-    from pipelines.training import tracking
+    from pipelines.ingest import read_dataset
+    from pipelines.training import log_calibration_run
     from refcell.replay import SimReplay
     from refcell.world import load_world, world_as_dict
 
@@ -84,7 +84,7 @@ def run_calibration(workspace: Path, params, out: Path | None = None, progress=N
     yaml_path = write_calibration(
         calibration, workspace / (out or params.calibrate.out), provenance
     )
-    run_id = tracking.log_calibration_run(
+    run_id = log_calibration_run(
         workspace,
         params.calibrate.experiment,
         calibration.as_dict(),

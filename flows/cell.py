@@ -27,7 +27,7 @@ def resolve_controller(policy: str, params_path: Path):
         from refcell.expert import Expert
 
         return Expert()
-    from pipelines.training.policy import load_policy
+    from pipelines.training import load_policy
 
     folder = Path(load_params(params_path).pretrain.out) if policy == "sim" else Path(policy)
     if not (folder / "config.json").is_file():
@@ -52,7 +52,7 @@ def pretrain(
     """Behaviour cloning + DAgger in the domain-randomized sim; writes the sim policy.
     With --calibration, the sim first takes the line's estimated parameters and ranges."""
     from pipelines.contract.params import load_params
-    from pipelines.training.policy import save_policy
+    from pipelines.training import save_policy
     from refcell.pretrain import pretrain as run_pretrain
 
     params = load_params(params_path)
@@ -73,7 +73,7 @@ def _pretrain_world(params, calibration: Path | None):
     import dataclasses
 
     from pipelines.contract.params import RandomizationParams
-    from pipelines.ingest.store import sha256_file
+    from pipelines.ingest import sha256_file
     from refcell.world import calibrated_world, load_world
 
     if calibration is None:

@@ -16,11 +16,11 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output o
 def _workspace() -> Path:
     """The workspace is the folder realloop runs in: params paths are relative to it."""
     from flows.prefect_env import configure_prefect
-    from pipelines.training import tracking
+    from pipelines.training import use_workspace
 
     workspace = Path.cwd()
     configure_prefect(workspace)
-    tracking.use_workspace(workspace)
+    use_workspace(workspace)
     return workspace
 
 
@@ -67,8 +67,7 @@ def _check_ingest(workspace: Path, params_path: Path, source: str | None) -> Non
     """What the flow would refuse, refused here in one line (a failed flow run logs a
     traceback)."""
     from pipelines.contract.params import load_params
-    from pipelines.ingest.sources import LandingFolder, open_source
-    from pipelines.ingest.versioning import require_latest
+    from pipelines.ingest import LandingFolder, open_source, require_latest
 
     params = load_params(params_path)
     origin = open_source(source, workspace / params.ingest.landing, workspace)
@@ -157,9 +156,9 @@ def train(
     """Fine-tune on the workspace's current dataset version (what `dvc repro finetune` runs)."""
     from flows.cycle import current_policy
     from pipelines.contract.params import load_params
-    from pipelines.ingest.versioning import current_version
-    from pipelines.quality.validate import validate_dataset
-    from pipelines.training.retrain import fine_tune_and_register
+    from pipelines.ingest import current_version
+    from pipelines.quality import validate_dataset
+    from pipelines.training import fine_tune_and_register
 
     workspace = _workspace()
     params = load_params(params_path)
@@ -187,7 +186,7 @@ def lineage(
 ) -> None:
     """Provenance both ways: a model's data, params and trials, or a file's datasets and models."""
     from pipelines.contract.params import load_params
-    from pipelines.release.lineage import file_lineage, model_lineage
+    from pipelines.release import file_lineage, model_lineage
 
     workspace = _workspace()
     params = load_params(params_path)

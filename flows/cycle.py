@@ -16,14 +16,12 @@ def current_policy(params: Params, params_path: Path, workspace: Path) -> dict:
     """The incumbent: the registry's `<cell>-production` version; before the first promotion,
     the policy pretrained in the calibrated sim (`cell pretrain --calibration`) if there is
     one, else the sim policy (pretrained here if it does not exist yet)."""
-    from pipelines.training import tracking
+    from pipelines.training import download_policy, production_version
 
-    production = tracking.production_version(
-        params.train.registered_model, production_alias(params)
-    )
+    production = production_version(params.train.registered_model, production_alias(params))
     if production is not None:
         folder = workspace / "models" / "production"
-        tracking.download_policy(params.train.registered_model, production.version, folder)
+        download_policy(params.train.registered_model, production.version, folder)
         return {
             "folder": folder,
             "source": "registry",
@@ -55,19 +53,19 @@ BASE_POLICY = Path("models/base")  # what the last fine-tune started from; a dvc
 def pin_base_policy(folder: Path, workspace: Path) -> Path:
     """Copy the policy a fine-tune starts from to models/base, so `dvc repro finetune`
     reproduces the loop's fine-tuning from the same weights."""
-    from pipelines.training.policy import load_policy, save_policy
+    from pipelines.training import load_policy, save_policy
 
     return save_policy(load_policy(folder).net, workspace / BASE_POLICY)
 
 
 def _policy_version(folder: Path) -> str:
-    from pipelines.training.policy import load_policy
+    from pipelines.training import load_policy
 
     return load_policy(folder).name
 
 
 def _pretrain_sim_policy(params: Params, folder: Path) -> None:
-    from pipelines.training.policy import save_policy
+    from pipelines.training import save_policy
     from refcell.pretrain import pretrain
     from refcell.world import load_world
 
@@ -89,7 +87,7 @@ def sources_of(ingest_summary: dict, logs: dict[str, list[str]]) -> dict[str, li
 def edge_channel_status(params: Params) -> dict | None:
     """What the channel tells the cell's edge box to run (None before any promotion)."""
     from edge.agent import fetch_bundle
-    from edge.channel import open_channel
+    from edge.channels import open_channel
     from edge.errors import EdgeError
 
     try:

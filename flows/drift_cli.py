@@ -19,7 +19,7 @@ def drift_command(params_path: ParamsOpt = Path("params.yaml"), as_json: JsonOpt
     """Drift of the data since the production model's training data, per feature, and whether
     to retrain (`trigger`). Exits 0 whether or not it triggers; plots under drift.out."""
     from pipelines.contract.params import load_params
-    from pipelines.quality.drift import drift_report
+    from pipelines.quality import drift_report
 
     workspace = Path.cwd()
     params = load_params(params_path)
@@ -31,23 +31,23 @@ def production_record(params, workspace: Path) -> dict | None:
     """The registry record of `<cell_id><promote.alias_suffix>`'s model version, or None
     before any promotion. Without a tracking server or a workspace store there is none, and
     no empty mlflow.db is made just to find that out."""
-    from pipelines.training import tracking
+    from pipelines.training import DB_FILE, model_version_record, production_version
 
-    if not os.environ.get("MLFLOW_TRACKING_URI") and not (workspace / tracking.DB_FILE).is_file():
+    if not os.environ.get("MLFLOW_TRACKING_URI") and not (workspace / DB_FILE).is_file():
         return None
     from flows.cycle import production_alias
 
     model = params.train.registered_model
-    production = tracking.production_version(model, production_alias(params), workspace=workspace)
+    production = production_version(model, production_alias(params), workspace=workspace)
     if production is None:
         return None
-    return tracking.model_version_record(model, production.version, workspace=workspace)
+    return model_version_record(model, production.version, workspace=workspace)
 
 
 def _print_drift(report: dict) -> None:
     from rich.table import Table
 
-    from pipelines.quality.drift import describe_measures
+    from pipelines.quality import describe_measures
 
     base, cur = report["baseline"], report["current"]
     origin = (

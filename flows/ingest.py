@@ -32,7 +32,7 @@ from prefect.utilities.annotations import quote
 
 from flows.console import progress_bar
 from pipelines.contract.params import Params, load_params
-from pipelines.ingest.sources import (
+from pipelines.ingest import (
     LandingFolder,
     ObjectGone,
     S3Prefix,
@@ -99,9 +99,9 @@ def ingest_one(
     captures: dict,
     source_uri: str | None = None,
 ):
-    """Ingest one landed file (`pipelines.ingest.store.ingest_file`); None when it was moved away
+    """Ingest one landed file (`pipelines.ingest.landing.ingest_file`); None when it was moved away
     since the listing (another run quarantined it): it did not land after all."""
-    from pipelines.ingest.store import ingest_file
+    from pipelines.ingest import ingest_file
 
     ingest = params.ingest
     try:
@@ -203,7 +203,7 @@ class _Run:
 
     @property
     def exclude(self) -> tuple[Path, ...]:
-        from pipelines.ingest.store import MANIFEST_NAME
+        from pipelines.ingest import MANIFEST_NAME
 
         return (self.dataset, self.quarantine, self.dataset.parent / MANIFEST_NAME)
 
@@ -216,14 +216,14 @@ class _Run:
             return set()
 
     def report(self):
-        from pipelines.ingest.store import IngestReport
+        from pipelines.ingest import IngestReport
 
         return IngestReport.from_results(self.run_id, self.results)
 
     def already_handled(self, file: SourceFile, from_s3: bool) -> bool:
         """Skip a file a previous run ingested while its episodes are still in the dataset,
         or (from S3, where the object stays in the bucket) one it quarantined."""
-        from pipelines.ingest.store import ALREADY_INGESTED, FileResult
+        from pipelines.ingest import ALREADY_INGESTED, FileResult
 
         known = self.seen.get(file)
         if known is None:
@@ -262,7 +262,7 @@ class _Run:
         """One task per file, `workers` at a time; returns each file's outcome. Unreadable
         capture sidecars are quarantined first; `objects` (staged path → object) names and
         remembers those that came from S3, so they are not downloaded again."""
-        from pipelines.ingest.store import ingest_captures
+        from pipelines.ingest import ingest_captures
 
         captures, rejected = ingest_captures(sidecars, self.dataset, self.quarantine, self.run_id)
         for result in rejected:
@@ -347,7 +347,7 @@ def _from_s3(run: _Run, origin: S3Prefix) -> None:
 def _quarantine_unsafe(run: _Run, origin: S3Prefix, obj: SourceFile) -> None:
     """An object whose key would lead outside the staging folder: staged under a safe name,
     then quarantined with the reason a landing folder would give."""
-    from pipelines.ingest.store import FileResult, quarantine_file, record_in_manifest
+    from pipelines.ingest import FileResult, quarantine_file, record_in_manifest
 
     reason = f"file name escapes the landing folder: key {obj.name!r} below {origin.uri}"
     entry = quarantine_file(

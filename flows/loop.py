@@ -52,8 +52,8 @@ def collect(
 def validate(params: Params, workspace: Path, sources: list[str]) -> dict:
     """The suites over each batch without a stored result, admissions honoured; results and
     Data Docs written for the dataset version `<dataset>.dvc` records (`data_docs`)."""
-    from pipelines.ingest.store import CAPTURES_DIR
-    from pipelines.quality.validate import validate_dataset
+    from pipelines.ingest import CAPTURES_DIR
+    from pipelines.quality import validate_dataset
 
     dataset = workspace / params.ingest.dataset
     report = validate_dataset(
@@ -70,7 +70,7 @@ def validate(params: Params, workspace: Path, sources: list[str]) -> dict:
 def fine_tune(
     params: Params, workspace: Path, base: Path, dataset_version: str, batches: list[str]
 ) -> dict:
-    from pipelines.training.retrain import fine_tune_and_register
+    from pipelines.training import fine_tune_and_register
 
     return fine_tune_and_register(params, workspace, base, dataset_version, batches)
 
@@ -103,9 +103,9 @@ def hardware_trials(
 @task(name="gate")
 def gate(params: Params, workspace: Path, trained: dict, trials: dict[str, list[str]]) -> dict:
     """Judge the candidate on its trial logs; store the record with the model version."""
-    from pipelines.ingest.store import read_dataset
-    from pipelines.release.gate import decide, trial_stats
-    from pipelines.training import tracking
+    from pipelines.ingest import read_dataset
+    from pipelines.release import decide, trial_stats
+    from pipelines.training import record_gate
 
     dataset = workspace / params.ingest.dataset
     stats = {
@@ -114,7 +114,7 @@ def gate(params: Params, workspace: Path, trained: dict, trials: dict[str, list[
     }
     decision = decide(stats["candidate"], stats["incumbent"], params.gate.cycle_time_budget_s)
     record = decision.as_record() | {"trial_sources": trials}
-    tracking.record_gate(
+    record_gate(
         params.train.registered_model,
         trained["model_version"],
         record,
@@ -125,7 +125,7 @@ def gate(params: Params, workspace: Path, trained: dict, trials: dict[str, list[
 
 @task(name="promote")
 def promote(params: Params, workspace: Path, trained: dict, gate_record: dict) -> dict:
-    from pipelines.release.promote import promote as promote_model
+    from pipelines.release import promote as promote_model
 
     result = promote_model(
         gate_record,

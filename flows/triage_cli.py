@@ -17,7 +17,8 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output o
 def triage_command(params_path: ParamsOpt = Path("params.yaml"), as_json: JsonOpt = False) -> None:
     """Why episodes failed and which captures to review first (rules: docs/triage.md)."""
     from pipelines.contract.params import load_params
-    from pipelines.quality.triage import CAPTURES_DIR, triage_dataset
+    from pipelines.ingest import CAPTURES_DIR
+    from pipelines.quality import triage_dataset
 
     params = load_params(params_path)
     workspace = Path.cwd()

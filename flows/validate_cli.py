@@ -32,8 +32,8 @@ def validate_command(
 
 def validate_workspace(workspace: Path, params):
     """The workspace dataset's ValidationReport: every batch, stored results reused."""
-    from pipelines.ingest.store import CAPTURES_DIR
-    from pipelines.quality.validate import validate_dataset
+    from pipelines.ingest import CAPTURES_DIR
+    from pipelines.quality import validate_dataset
 
     dataset = workspace / params.ingest.dataset
     if not (dataset / "episodes").is_dir():
@@ -89,7 +89,7 @@ def admit_command(
 ) -> None:
     """Re-admit a batch that failed a critical expectation into training; recorded."""
     from pipelines.contract.params import load_params
-    from pipelines.quality.validate import admit_batch
+    from pipelines.quality import admit_batch
 
     params = load_params(params_path)
     dataset = Path.cwd() / params.ingest.dataset

@@ -8,8 +8,7 @@ from collections.abc import Callable
 import numpy as np
 
 from pipelines.contract.params import CellParams, PretrainParams
-from pipelines.training.policy import Policy, PolicyConfig, PolicyNet
-from pipelines.training.train import EpochMetrics, fit, seed_everything
+from pipelines.training import EpochMetrics, Policy, PolicyConfig, PolicyNet, fit, seed_everything
 from refcell.cell import Cell
 from refcell.expert import Expert
 from refcell.runner import Controller, StepRecord, run_episode

@@ -14,7 +14,7 @@ import mujoco
 import numpy as np
 from mujoco import rollout
 
-from pipelines.calibrate.physics import ReplayBatch, ReplayResult
+from pipelines.calibrate import ReplayBatch, ReplayResult
 from pipelines.contract.params import CellParams
 from refcell.cell import apply_physics
 from refcell.mjcf import PUSHER_RADIUS_M, SUBSTEP_S, build_model

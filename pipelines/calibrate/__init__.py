@@ -6,5 +6,21 @@ can load it. See docs/calibration.md for the method and what the logs cannot ide
 """
 
 from pipelines.calibrate.fit import Calibration, calibrate
+from pipelines.calibrate.physics import ReplayBatch, ReplayResult
+from pipelines.calibrate.report import (
+    plot_profiles,
+    plot_replay,
+    replay_comparison,
+    write_calibration,
+)
 
-__all__ = ["Calibration", "calibrate"]
+__all__ = [
+    "Calibration",
+    "ReplayBatch",
+    "ReplayResult",
+    "calibrate",
+    "plot_profiles",
+    "plot_replay",
+    "replay_comparison",
+    "write_calibration",
+]

@@ -1,2 +1,74 @@
 """Ingest: decode ROS 2 MCAP cell logs, read the landing sources (folder, S3), keep the store
 (batches, manifest, quarantine, locks) and version the dataset (DVC + git)."""
+
+from pipelines.ingest.captures import ingest_captures
+from pipelines.ingest.landing import ALREADY_INGESTED, ingest_file
+from pipelines.ingest.landing_layout import CAPTURES_DIR
+from pipelines.ingest.quarantine import quarantine_file
+from pipelines.ingest.report import FileResult, IngestReport
+from pipelines.ingest.sources import (
+    LandingFolder,
+    ObjectGone,
+    S3Prefix,
+    SeenFiles,
+    SourceError,
+    SourceFile,
+    TransientSourceError,
+    landing_entries,
+    local_file,
+    open_source,
+    safe_parts,
+)
+from pipelines.ingest.store import (
+    MANIFEST_NAME,
+    read_dataset,
+    record_in_manifest,
+    sha256_file,
+    storage_schema,
+)
+from pipelines.ingest.versioning import (
+    checkout_version,
+    current_version,
+    describe_versions,
+    ensure_workspace,
+    list_versions,
+    require_latest,
+    version_dataset,
+    version_sources,
+    versions_holding,
+)
+
+__all__ = [
+    "ALREADY_INGESTED",
+    "CAPTURES_DIR",
+    "MANIFEST_NAME",
+    "FileResult",
+    "IngestReport",
+    "LandingFolder",
+    "ObjectGone",
+    "S3Prefix",
+    "SeenFiles",
+    "SourceError",
+    "SourceFile",
+    "TransientSourceError",
+    "checkout_version",
+    "current_version",
+    "describe_versions",
+    "ensure_workspace",
+    "ingest_captures",
+    "ingest_file",
+    "landing_entries",
+    "list_versions",
+    "local_file",
+    "open_source",
+    "quarantine_file",
+    "read_dataset",
+    "record_in_manifest",
+    "require_latest",
+    "safe_parts",
+    "sha256_file",
+    "storage_schema",
+    "version_dataset",
+    "version_sources",
+    "versions_holding",
+]

@@ -36,7 +36,9 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import unquote, urlparse
 
-ENDPOINT_ENV_VARS = ("REALLOOP_S3_ENDPOINT_URL", "AWS_ENDPOINT_URL")
+from pipelines.ingest.landing_layout import landing_files
+from pipelines.ingest.s3_endpoint import s3_endpoint_url
+
 STAGING_DIR = ".s3-staging"
 UNSAFE_DIR = ".unsafe-keys"  # inside the staging folder, outside every staged prefix
 _TMP_PREFIX = ".download-"
@@ -68,11 +70,6 @@ class ObjectGone(SourceError):
     """The object was deleted between listing and download: nothing landed to report."""
 
 
-def s3_endpoint_url() -> str | None:
-    """The S3 endpoint from REALLOOP_S3_ENDPOINT_URL or AWS_ENDPOINT_URL (None: AWS)."""
-    return next((os.environ[name] for name in ENDPOINT_ENV_VARS if os.environ.get(name)), None)
-
-
 @dataclass(frozen=True)
 class SourceFile:
     """One landed file as its source lists it."""
@@ -94,7 +91,7 @@ class Source(Protocol):
 
 
 class LandingFolder:
-    """Files ingested where they landed; what counts as a log is `pipelines.ingest.store`'s rule."""
+    """Files ingested where they landed; what counts as a log is `landing_layout`'s rule."""
 
     def __init__(self, folder: Path, exclude: Iterable[Path] = ()) -> None:
         self.root = Path(folder)
@@ -130,10 +127,8 @@ def local_file(path: Path, root: Path, resolved_root: Path | None = None) -> Sou
 
 
 def landing_entries(landing: Path, exclude: Iterable[Path] = ()) -> tuple[list[Path], list[Path]]:
-    """(logs and exports, capture sidecars) that `pipelines.ingest.store` finds in `landing`."""
-    from pipelines.ingest import store as ingest
-
-    return ingest.landing_files(landing, exclude=tuple(exclude))
+    """(logs and exports, capture sidecars) that ingest finds in `landing`."""
+    return landing_files(landing, exclude=tuple(exclude))
 
 
 # --- an S3 prefix ---------------------------------------------------------------------

@@ -32,55 +32,43 @@ versions made before they were tagged.
 from __future__ import annotations
 
 import fcntl
-import functools
 import json
-import logging
 import os
-import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-import yaml
+from pipelines.ingest.dvc_repo import (
+    _EMPTY_DIR_MD5,
+    _cache_object,
+    _describe_source,
+    _dir_listing,
+    _dvc_add,
+    _dvc_file,
+    _dvc_repo,
+    _is_episodes_file,
+    _push,
+    _source_shas,
+    _tracked_out,
+)
+from pipelines.ingest.git_tags import (
+    DatasetVersion,
+    VersioningError,
+    _commit,
+    _committed_version,
+    _git,
+    _message,
+    _tag,
+    _tagged_versions,
+)
+from pipelines.ingest.s3_endpoint import s3_endpoint_url
 
 LEDGER = Path(".realloop/datasets.jsonl")
 LOCK = Path(".realloop/versioning.lock")
 DEFAULT_REMOTE_NAME = "realloop"
-TAG_PREFIX = "dataset-"
-GIT_IDENTITY = ("-c", "user.name=realloop", "-c", "user.email=realloop@localhost")
 LOCAL_STATE = ("/.realloop/", "/.prefect/", "/mlruns/", "/mlflow.db", "/mlartifacts/")
-GRANULAR_MAX = 64  # new files up to which `dvc add` is given the files, not the folder
-_EMPTY_DIR_MD5 = "d751713988987e9331980363e24189ce"
-_TRAILERS = {
-    "Dataset-Version": "version",
-    "Dataset-Path": "path",
-    "Dataset-Files": "files",
-    "Dataset-Size": "size_bytes",
-    "Sources-Added": "sources_added",
-    "Created-At": "created_at",
-}
-
-
-class VersioningError(ValueError):
-    """git or DVC refused; the message is the one-line reason."""
-
-
-@dataclass(frozen=True)
-class DatasetVersion:
-    version: str  # DVC md5 of the folder listing, without DVC's ".dir" suffix
-    path: str  # the dataset folder, relative to the workspace
-    files: int
-    size_bytes: int
-    created_at: str
-    tag: str | None = None  # dataset-<version[:12]>, None for versions made before tags
-    commit: str | None = None  # the git commit of `<path>.dvc` at this version
-    sources_added: int | None = None  # source files new in this version
-    new: bool = field(default=False, compare=False)  # made by the call that returned it
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def ensure_workspace(workspace: Path, remote_url: str, unversioned: tuple[Path, ...] = ()) -> None:
@@ -107,11 +95,8 @@ def ensure_workspace(workspace: Path, remote_url: str, unversioned: tuple[Path, 
         with repo.config.edit("local") as config:
             url = remote_url if "://" in remote_url else str((workspace / remote_url).resolve())
             remote = {"url": url}
-            if url.startswith("s3://"):
-                from pipelines.ingest.sources import s3_endpoint_url
-
-                if endpoint := s3_endpoint_url():
-                    remote["endpointurl"] = endpoint
+            if url.startswith("s3://") and (endpoint := s3_endpoint_url()):
+                remote["endpointurl"] = endpoint
             config.setdefault("remote", {})[DEFAULT_REMOTE_NAME] = remote
             config.setdefault("core", {})["remote"] = DEFAULT_REMOTE_NAME
 
@@ -316,135 +301,6 @@ def describe_versions(workspace: Path, dataset: Path) -> dict:
     return {"dataset": path, "current": held, "versions": described}
 
 
-# --- git -------------------------------------------------------------------------------
-
-
-def _git(workspace: Path, *args: str, check: bool = True) -> str:
-    done = subprocess.run(
-        ["git", "-C", str(workspace), *args], capture_output=True, text=True, check=False
-    )
-    if check and done.returncode != 0:
-        reason = (done.stderr.strip() or done.stdout.strip() or "failed").splitlines()[0]
-        raise VersioningError(f"git {args[0]} in {workspace}: {reason}")
-    return done.stdout if done.returncode == 0 else ""
-
-
-def _identity(workspace: Path) -> tuple[str, ...]:
-    """realloop's own identity, only where git has none configured."""
-    configured = all(
-        _git(workspace, "config", "--get", key, check=False).strip()
-        for key in ("user.name", "user.email")
-    )
-    return () if configured else GIT_IDENTITY
-
-
-def _commit(workspace: Path, dvc_file: Path, message: str) -> str:
-    """Commit exactly `dvc_file` (and its folder's .gitignore unless ignored); return the sha."""
-    paths = [dvc_file.as_posix()]
-    gitignore = dvc_file.parent / ".gitignore"
-    if (workspace / gitignore).is_file() and not _ignored(workspace, gitignore):
-        paths.append(gitignore.as_posix())
-    # -f: the .dvc file is what makes the version reproducible; it is committed even if a
-    # broad ignore rule covers its folder.
-    _git(workspace, "add", "-f", "--", paths[0])
-    if len(paths) > 1:
-        _git(workspace, "add", "--", paths[1])
-    # A pathspec commit takes only these paths, whatever else the user has staged.
-    _git(
-        workspace,
-        *_identity(workspace),
-        "commit",
-        "-q",
-        "--no-verify",
-        "-m",
-        message,
-        "--",
-        *paths,
-    )
-    return _git(workspace, "rev-parse", "HEAD").strip()
-
-
-def _ignored(workspace: Path, path: Path) -> bool:
-    done = subprocess.run(
-        ["git", "-C", str(workspace), "check-ignore", "-q", path.as_posix()],
-        capture_output=True,
-        check=False,
-    )
-    return done.returncode == 0
-
-
-def _tag(workspace: Path, record: DatasetVersion) -> str:
-    tag = f"{TAG_PREFIX}{record.version[:12]}"
-    exists = _git(workspace, "rev-parse", "-q", "--verify", f"refs/tags/{tag}", check=False)
-    if not exists.strip():
-        message = _message(record)
-        _git(workspace, *_identity(workspace), "tag", "-a", tag, "-m", message, record.commit)
-    return tag
-
-
-def _message(record: DatasetVersion) -> str:
-    trailers = "\n".join(
-        f"{name}: {getattr(record, attr)}"
-        for name, attr in _TRAILERS.items()
-        if getattr(record, attr) is not None
-    )
-    return f"dataset {record.version}: +{record.sources_added} files\n\n{trailers}\n"
-
-
-def _parse_trailers(text: str) -> dict[str, str]:
-    found = {}
-    for line in text.splitlines():
-        name, sep, value = line.partition(": ")
-        if sep and name in _TRAILERS:
-            found[_TRAILERS[name]] = value.strip()
-    return found
-
-
-def _tagged_versions(workspace: Path) -> list[DatasetVersion]:
-    if not (workspace / ".git").exists():
-        return []
-    text = _git(
-        workspace,
-        "for-each-ref",
-        "--format=%(refname:strip=2)%00%(*objectname)%00%(objectname)%00%(contents)%1e",
-        f"refs/tags/{TAG_PREFIX}*",
-        check=False,
-    )
-    versions = []
-    for record in text.split("\x1e"):
-        fields = record.strip("\n").split("\x00")
-        if len(fields) != 4:
-            continue
-        tag, peeled, target, contents = fields
-        meta = _parse_trailers(contents)
-        if "version" not in meta or "path" not in meta:
-            continue  # not one of ours
-        versions.append(
-            DatasetVersion(
-                version=meta["version"],
-                path=meta["path"],
-                files=int(meta.get("files", 0)),
-                size_bytes=int(meta.get("size_bytes", 0)),
-                created_at=meta.get("created_at", ""),
-                tag=tag,
-                commit=peeled or target,
-                sources_added=int(meta["sources_added"]) if "sources_added" in meta else None,
-            )
-        )
-    return sorted(versions, key=lambda v: v.created_at)
-
-
-def _committed_version(workspace: Path, dvc_file: Path, rev: str = "HEAD") -> str | None:
-    """The version in `<dataset>.dvc` at `rev`, or None when there is none."""
-    text = _git(workspace, "show", f"{rev}:{dvc_file.as_posix()}", check=False)
-    if not text:
-        return None
-    try:
-        return yaml.safe_load(text)["outs"][0]["md5"].removesuffix(".dir")
-    except (yaml.YAMLError, KeyError, IndexError, TypeError):
-        return None
-
-
 def _version_at_head(
     workspace: Path, dvc_file: Path, version: str, relative: Path, out: dict
 ) -> DatasetVersion:
@@ -467,198 +323,6 @@ def _version_at_head(
     parent = _committed_version(workspace, dvc_file, f"{commit}^")
     added = len(_source_shas(workspace, version) - _source_shas(workspace, parent))
     return replace(record, commit=commit, sources_added=added)
-
-
-# --- DVC -------------------------------------------------------------------------------
-
-
-def _dvc_add(repo, workspace: Path, relative: Path) -> None:
-    """`dvc add` of the dataset folder, or of only its new files when that is the same."""
-    from dvc.exceptions import DvcException
-    from dvc.repo import lock_repo
-
-    dataset = workspace / relative
-    new = _new_files(workspace, relative)
-    if new == []:
-        return  # the `.dvc` file records the folder as it is
-    if new is not None and len(new) <= GRANULAR_MAX:
-        try:
-            # One lock around both: DVC collects the workspace's `.dvc` files once per lock.
-            with lock_repo(repo):
-                if _dvc_sees(repo, dataset):
-                    repo.add([str(dataset / name) for name in new])
-                    return
-        except DvcException as exc:  # e.g. a new file DVC ignores: the folder decides
-            logging.getLogger(__name__).info("granular dvc add refused (%s); adding folder", exc)
-    repo.add(str(dataset))
-
-
-def _dvc_sees(repo, dataset: Path) -> bool:
-    """Whether DVC's index holds the dataset's `.dvc` file: it skips git-ignored folders when
-    it collects them (`/data/*` hides `data/dataset.dvc` from it), and a granular add needs it."""
-    from dvc.exceptions import OutputNotFoundError
-
-    try:
-        return bool(repo.find_outs_by_path(str(dataset)))
-    except OutputNotFoundError:
-        return False
-
-
-def _new_files(workspace: Path, relative: Path) -> list[str] | None:
-    """The files in the dataset folder that the version its `.dvc` file records lacks, when
-    every file it lists is still there, unmodified since that file was written; else None.
-
-    One stat per file, no hashing: files written after the `.dvc` file count as modified (a
-    checkout rewrites files after it, so the next add takes the whole folder once)."""
-    dvc_file = workspace / _dvc_file(relative)
-    try:
-        out = _tracked_out(workspace, relative)
-        written = dvc_file.stat().st_mtime_ns
-        listed = {e["relpath"] for e in _dir_listing(workspace, out["md5"].removesuffix(".dir"))}
-    except (ValueError, KeyError, TypeError, OSError):
-        return None
-    if not out.get("size"):
-        return None  # DVC sums sizes on an append only from a known, non-zero size
-    new, seen = [], 0
-    for relpath, mtime_ns in _walk_files(workspace / relative):
-        if relpath not in listed:
-            new.append(relpath)
-        elif mtime_ns > written:
-            return None
-        else:
-            seen += 1
-    return sorted(new) if seen == len(listed) else None
-
-
-def _walk_files(folder: Path, prefix: str = "") -> Iterator[tuple[str, int]]:
-    """(relative posix path, mtime_ns) of every file below `folder`, symlinks not followed."""
-    try:
-        entries = list(os.scandir(folder))
-    except FileNotFoundError:
-        return
-    for entry in entries:
-        if entry.is_dir(follow_symlinks=False):
-            yield from _walk_files(Path(entry.path), f"{prefix}{entry.name}/")
-        else:
-            yield f"{prefix}{entry.name}", entry.stat(follow_symlinks=False).st_mtime_ns
-
-
-def _tracked_out(workspace: Path, relative: Path) -> dict:
-    dvc_file = Path(workspace) / _dvc_file(relative)
-    if not dvc_file.is_file():
-        raise ValueError(f"{dvc_file}: the dataset is not versioned yet; run `realloop ingest`")
-    return yaml.safe_load(dvc_file.read_text())["outs"][0]
-
-
-def _dvc_file(relative: Path) -> Path:
-    return relative.with_name(relative.name + ".dvc")
-
-
-def _cache_object(workspace: Path, md5: str) -> Path:
-    return Path(workspace) / ".dvc" / "cache" / "files" / "md5" / md5[:2] / md5[2:]
-
-
-def _dir_listing(workspace: Path, version: str) -> list[dict]:
-    listing = _cache_object(workspace, version).with_suffix(".dir")
-    if not listing.is_file():
-        raise ValueError(f"{listing}: dataset version {version} is not in the DVC cache (dvc pull)")
-    return list(_read_listing(str(listing)))
-
-
-@functools.lru_cache(maxsize=16)
-def _read_listing(path: str) -> tuple[dict, ...]:
-    """A `.dir` listing is named by the hash of its content: read each one once."""
-    return tuple(json.loads(Path(path).read_text()))
-
-
-def _is_episodes_file(relpath: str) -> bool:
-    return relpath.startswith("episodes/") and relpath.endswith(".parquet")
-
-
-def _source_shas(workspace: Path, version: str | None) -> set[str]:
-    if version is None or version == _EMPTY_DIR_MD5:
-        return set()
-    try:
-        listing = _dir_listing(workspace, version)
-    except ValueError:
-        return set()
-    # episodes/<sha>.parquet: the stem, by slicing (a Path per entry costs more than the rest)
-    return {e["relpath"][9:-8] for e in listing if _is_episodes_file(e["relpath"])}
-
-
-def _describe_source(workspace: Path, dataset: Path, entry: dict, memo: dict) -> dict:
-    """sha256, URI and episode count of one source, from its episodes file (cache first)."""
-    sha = Path(entry["relpath"]).stem
-    md5 = entry.get("md5", "")
-    if md5 not in memo:
-        import pyarrow.parquet as pq
-
-        uri, episodes = None, None
-        for candidate in (_cache_object(workspace, md5), Path(dataset) / entry["relpath"]):
-            if candidate.is_file():
-                table = pq.read_table(candidate, columns=["source_uri"])
-                episodes = table.num_rows
-                uri = table.column("source_uri")[0].as_py() if table.num_rows else None
-                break
-        memo[md5] = (uri, episodes)
-    uri, episodes = memo[md5]
-    return {"sha256": sha, "uri": uri, "episodes": episodes}
-
-
-def _push(repo, workspace: Path, version: str, previous: str | None) -> None:
-    """`dvc push` of one version: the files the remote lacks, then the `.dir` listing.
-
-    DVC uploads a `.dir` listing only after every file in it, so a listing on the remote
-    means its files are there: when `previous` is, only the files new since then are looked
-    up and sent. (`repo.push` would index every file of the dataset instead: 1.5 s at 500
-    sources for a one-file change, measured.) Without it, every file is looked up. The
-    listing itself is copied as a file once its files are there: handed to the transfer, it
-    would be loaded and every entry compared with the remote's again.
-    """
-    from dvc_data.hashfile.hash_info import HashInfo
-
-    if version == _EMPTY_DIR_MD5:
-        return
-    remote = repo.cloud.get_remote_odb(None, "push")
-    if remote.exists(f"{version}.dir"):
-        return
-    files = {entry["md5"] for entry in _dir_listing(workspace, version)}
-    if previous and previous != _EMPTY_DIR_MD5 and remote.exists(f"{previous}.dir"):
-        files -= {entry["md5"] for entry in _dir_listing(workspace, previous)}
-    cache = repo.cache.local
-    failed = 0
-    if files:
-        objects = [HashInfo("md5", f) for f in sorted(files)]
-        failed = len(repo.cloud.transfer(cache, remote, objects, cache_odb=cache).failed)
-    if not failed:
-        listing = f"{version}.dir"
-        try:
-            remote.add(cache.oid_to_path(listing), cache.fs, listing)
-        except Exception:  # the remote's own errors (a dropped connection, a 5xx, ...)
-            failed = 1
-    if failed or not remote.exists(f"{version}.dir"):
-        raise VersioningError(
-            f"dvc push: dataset version {version} did not fully reach the remote "
-            f"({failed} object(s) failed); the next ingest retries"
-        )
-
-
-@contextmanager
-def _dvc_repo(workspace: Path, init: bool = False):
-    """A DVC Repo for the workspace, with DVC's console chatter ("To track the changes...")
-    kept off our stdout: realloop prints its own summary."""
-    from dvc.repo import Repo
-
-    dvc_logger = logging.getLogger("dvc")
-    level = dvc_logger.level
-    dvc_logger.setLevel(logging.WARNING)
-    try:
-        if init and not (workspace / ".dvc").is_dir():
-            Repo.init(str(workspace))
-        with Repo(str(workspace)) as repo:
-            yield repo
-    finally:
-        dvc_logger.setLevel(level)
 
 
 # --- the ledger and small helpers ---------------------------------------------------------

@@ -29,9 +29,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from pipelines.ingest import versioning
-from pipelines.ingest.store import sha256_file
-from pipelines.training import tracking
+from pipelines.ingest import sha256_file, versioning
+from pipelines.training import model_version_record, model_version_summaries
 
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 SOURCE_INDEX = Path(".realloop/lineage-sources.jsonl")  # in the workspace
@@ -39,7 +38,7 @@ SOURCE_COLUMNS = ("source_sha256", "source_uri", "cell_id", "policy_version")
 
 
 def model_lineage(workspace: Path, dataset: Path, registered_model: str, version: str) -> dict:
-    record = tracking.model_version_record(registered_model, version)
+    record = model_version_record(registered_model, version)
     gate = record.get("gate") or {}
     trial_sources = gate.get("trial_sources", {})
     sources = _sources(
@@ -70,7 +69,7 @@ def file_lineage(workspace: Path, dataset: Path, registered_model: str, target: 
     sha = _sha_of(target)
     versions = versioning.versions_holding(workspace, sha)
     models = []
-    for record in tracking.model_version_summaries(registered_model, workspace=workspace):
+    for record in model_version_summaries(registered_model, workspace=workspace):
         gate = record.get("gate") or {}
         trial_roles = [r for r, shas in gate.get("trial_sources", {}).items() if sha in shas]
         if sha in record["training_batches"] or trial_roles:

@@ -2,7 +2,7 @@
 
 No gate, no promotion: on a failed (or malformed) gate decision nothing is published and the
 registry alias stays where it was. On a pass the policy's two files are published as a bundle
-for the cell (edge.channel.publish_bundle: every file with its sha256, then the cell's
+for the cell (edge.channels.publish_bundle: every file with its sha256, then the cell's
 CURRENT.json pointer in one atomic write), and then the registry alias `<cell_id><suffix>` is
 moved to the version.
 
@@ -20,10 +20,15 @@ from typing import Any
 from urllib.parse import urlparse
 
 from edge.bundle import CONFIG_FILE, MODEL_FILE
-from edge.channel import publish_bundle
+from edge.channels import publish_bundle
 from edge.integrity import sha256_file
 from pipelines.contract.params import CellParams, PromoteParams
-from pipelines.training import tracking
+from pipelines.training import (
+    POLICY_SHA256_TAG,
+    current_workspace,
+    model_version_info,
+    set_production_alias,
+)
 
 
 @dataclass(frozen=True)
@@ -85,7 +90,7 @@ def promote(
         signing_key=signing_key,
     )
     alias = f"{cell.cell_id}{params.alias_suffix}"
-    tracking.set_production_alias(registered_model, alias, version, workspace=workspace)
+    set_production_alias(registered_model, alias, version, workspace=workspace)
     reasons.append(
         f"promoted: {registered_model} version {version} published as bundle "
         f"{manifest['bundle_id']} for {cell.cell_id}; alias {alias} -> version {version}"
@@ -110,11 +115,11 @@ def _check_is_registered_version(
     run_id: str,
     files: dict[str, Path],
 ) -> None:
-    info = tracking.model_version_info(registered_model, version, workspace=workspace)
+    info = model_version_info(registered_model, version, workspace=workspace)
     where = f"{registered_model} version {info.version}"
     if info.run_id != run_id:
         raise ValueError(f"{where}: registered from run {info.run_id}, not from run {run_id}")
-    expected = info.tags.get(tracking.POLICY_SHA256_TAG)
+    expected = info.tags.get(POLICY_SHA256_TAG)
     actual = sha256_file(files[MODEL_FILE])
     if expected != actual:
         raise ValueError(
@@ -127,7 +132,7 @@ def _channel_location(channel: str, workspace: Path | None) -> str:
     scheme = urlparse(channel).scheme
     if scheme and len(scheme) > 1:  # s3://, file://: not relative to anything
         return channel
-    return str(tracking.current_workspace(workspace) / channel)
+    return str(current_workspace(workspace) / channel)
 
 
 def _version_number(version: str) -> int | str:

@@ -10,10 +10,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipelines.contract.params import Params
-from pipelines.ingest.store import read_dataset
-from pipelines.training import tracking
+from pipelines.ingest import read_dataset
 from pipelines.training.finetune import TrainingSet, finetune, training_examples
 from pipelines.training.policy import load_policy, save_policy
+from pipelines.training.registry import register_policy
+from pipelines.training.tracking import (
+    EpochLogger,
+    log_learning_curve,
+    log_training_batches,
+    start_finetune_run,
+)
 
 
 def fine_tune_and_register(
@@ -25,7 +31,7 @@ def fine_tune_and_register(
     episodes, steps = read_dataset(workspace / params.ingest.dataset, sources=batches)
     data = training_examples(episodes, steps, train.intervention_weight)
     base_policy = load_policy(base)
-    with tracking.start_finetune_run(
+    with start_finetune_run(
         workspace,
         train.experiment,
         train,
@@ -34,14 +40,14 @@ def fine_tune_and_register(
         dataset_profile=_profile(data),
     ) as run:
         run_id = run.info.run_id
-        tracking.log_training_batches(batches, base_policy.name)
-        with tracking.EpochLogger(run_id) as on_epoch:
+        log_training_batches(batches, base_policy.name)
+        with EpochLogger(run_id) as on_epoch:
             net, history = finetune(
                 base_policy.net, data, train, version=f"ft-{run_id[:8]}", on_epoch=on_epoch
             )
-        tracking.log_learning_curve(history)
+        log_learning_curve(history)
         folder = save_policy(net, workspace / train.out)
-        version = tracking.register_policy(
+        version = register_policy(
             run_id,
             folder,
             train.registered_model,

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from edge.channel import generate_keypair, publish_bundle
+from edge.channels import generate_keypair, publish_bundle
 from edge.cli import main
 
 Publish = Callable[..., dict[str, Any]]

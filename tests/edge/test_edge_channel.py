@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from edge.bundle import MODEL_FILE
-from edge.channel import LocalChannel, open_channel, publish_bundle
+from edge.channels import LocalChannel, open_channel, publish_bundle
 from edge.errors import EdgeError, KeyNotFoundError
 from edge.integrity import sha256_bytes
 

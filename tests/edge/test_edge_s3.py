@@ -76,7 +76,7 @@ def test_unreachable_endpoint_is_reported(cli, s3_env, monkeypatch, tmp_path, ce
 
 @pytest.mark.parametrize("variable", ["REALLOOP_S3_ENDPOINT_URL", "AWS_ENDPOINT_URL"])
 def test_endpoint_variables(variable, monkeypatch, s3_env, s3_bucket):
-    from edge.channel import open_channel
+    from edge.channels import open_channel
 
     for name in ("REALLOOP_S3_ENDPOINT_URL", "AWS_ENDPOINT_URL"):
         monkeypatch.delenv(name, raising=False)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from edge.channel import generate_keypair
+from edge.channels import generate_keypair
 from edge.errors import EdgeError
 from edge.integrity import sha256_bytes
 

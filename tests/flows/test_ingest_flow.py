@@ -118,9 +118,9 @@ def test_landing_folder_one_task_per_file_with_bounded_concurrency(
 
     # Two workers: never more than two files in flight, whatever the thread pool allows.
     monkeypatch.setattr(ingest_module, "DEFAULT_WORKERS", 2)
-    import pipelines.ingest.store
+    import pipelines.ingest
 
-    real, active, peak, lock = pipelines.ingest.store.ingest_file, [0], [0], threading.Lock()
+    real, active, peak, lock = pipelines.ingest.ingest_file, [0], [0], threading.Lock()
 
     def counting(*args, **kwargs):
         with lock:
@@ -133,7 +133,7 @@ def test_landing_folder_one_task_per_file_with_bounded_concurrency(
             with lock:
                 active[0] -= 1
 
-    monkeypatch.setattr(pipelines.ingest.store, "ingest_file", counting)
+    monkeypatch.setattr(pipelines.ingest, "ingest_file", counting)
 
     first = ingest_module.ingest_flow(str(params), str(root))
     report = first["ingest"]

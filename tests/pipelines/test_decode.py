@@ -1,4 +1,4 @@
-"""pipelines.ingest.decode: fast MCAP/CDR decoding equals the official reader, fails precisely."""
+"""pipelines.ingest.mcap: fast MCAP/CDR decoding equals the official reader, fails precisely."""
 
 from __future__ import annotations
 
@@ -17,9 +17,10 @@ from mcap_ros2._dynamic import serialize_dynamic
 from mcap_ros2.decoder import DecoderFactory
 from mcap_ros2.writer import Writer as Ros2Writer
 
-from pipelines.ingest import decode
-from pipelines.ingest.decode import McapDecodeError, decode_log, iter_batches, scan_records
-from pipelines.ingest.store import ContractViolation, DecodedLog, read_log
+from pipelines.ingest.decoded import ContractViolation, DecodedLog, decode_log
+from pipelines.ingest.mcap import byte_rows, cdr_walk, decode, ros2_types
+from pipelines.ingest.mcap.decode import McapDecodeError, iter_batches, scan_records
+from pipelines.ingest.shift_log import read_log
 from refcell.cell import Cell, TrueState
 from refcell.expert import Expert
 from refcell.recorder import CellIdentity, ShiftRecorder
@@ -322,9 +323,9 @@ def test_big_endian_cdr_and_empty_strings(tmp_path):
     little = serialize_dynamic(JOINT_STATE, message_definition(JOINT_STATE))[JOINT_STATE]
     body = joint_state(T0, ["a", "bb"], [1.5, -2.0], [0.25], [])
     payload = little(body)
-    values, _ = decode._walk(payload, decode._PROGRAMS[JOINT_STATE])
+    values, _ = cdr_walk._walk(payload, ros2_types._PROGRAMS[JOINT_STATE])
     big = big_endian_joint_state(T0, "", ["a", "bb"], [1.5, -2.0], [0.25], [])
-    big_values, layout = decode._walk(big, decode._PROGRAMS[JOINT_STATE])
+    big_values, layout = cdr_walk._walk(big, ros2_types._PROGRAMS[JOINT_STATE])
     assert not layout.little_endian
     assert {**big_values, "frame_id": "base_link"} == values
     path = tmp_path / "be.mcap"
@@ -551,7 +552,7 @@ def test_rows_views_or_gathers_the_same_bytes():
     data = bytes(range(256)) * 4
     raw = np.frombuffer(data, np.uint8)
     for starts in ([3, 40, 77, 114], [3, 40, 78], [1000, 1008, 1016]):  # spaced, not, past end
-        rows = decode._rows(raw, np.array(starts), 16)
+        rows = byte_rows._rows(raw, np.array(starts), 16)
         for row, start in zip(rows, starts, strict=True):
             expected = data[start : start + 16]
             assert row.tobytes() == expected + b"\x00" * (16 - len(expected))

@@ -17,7 +17,7 @@ from scipy.stats import ks_2samp
 
 from pipelines.contract import schema
 from pipelines.quality import drift
-from pipelines.quality.drift import (
+from pipelines.quality.drift.features import (
     ACTION_LATENCY,
     CYCLE_TIME,
     FAILURE_MODE,
@@ -265,7 +265,7 @@ def two_shifts(params, tmp_path_factory):
     """A workspace with two dataset versions: a 30-episode sim shift, then a 30-episode line
     shift, recorded by the reference cell and ingested as a cell's logs would be."""
     from pipelines.ingest import versioning
-    from pipelines.ingest.store import ingest_landing
+    from pipelines.ingest.landing import ingest_landing
     from refcell.expert import Expert
     from refcell.shift import record_shift
     from refcell.world import load_world
@@ -374,8 +374,8 @@ def test_the_command_takes_its_baseline_from_the_production_alias(
 ):
     from typer.testing import CliRunner
 
+    import pipelines.training as tracking
     from flows.cli import app
-    from pipelines.training import tracking
 
     workspace, versions, shas = two_shifts
     asked = []

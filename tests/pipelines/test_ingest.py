@@ -13,17 +13,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines.contract import schema
-from pipelines.ingest.store import (
-    MANIFEST_NAME,
-    REASON_SUFFIX,
-    FileResult,
-    IngestReport,
-    ingest_file,
-    ingest_landing,
-    read_dataset,
-    read_manifest,
-    sha256_file,
-)
+from pipelines.ingest.landing import ingest_file, ingest_landing
+from pipelines.ingest.quarantine import REASON_SUFFIX
+from pipelines.ingest.report import FileResult, IngestReport
+from pipelines.ingest.store import MANIFEST_NAME, read_dataset, read_manifest, sha256_file
 from tests.pipelines.test_ingest_helpers import (
     EPISODES,
     PER_FILE,

@@ -10,15 +10,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines.contract import schema
-from pipelines.ingest.store import (
-    EXPORT_SCHEMA,
-    RUN_COLUMNS,
-    IngestReport,
-    episode_digests,
-    ingest_file,
-    read_dataset,
-    sha256_file,
-)
+from pipelines.ingest.digests import episode_digests
+from pipelines.ingest.exports import EXPORT_SCHEMA
+from pipelines.ingest.landing import ingest_file
+from pipelines.ingest.report import IngestReport
+from pipelines.ingest.store import RUN_COLUMNS, read_dataset, sha256_file
 from tests.pipelines.test_ingest_helpers import (
     EPISODES,
     copy_landing,

@@ -28,13 +28,9 @@ from mcap_ros2.writer import Writer
 
 from pipelines.contract import schema
 from pipelines.contract.params import load_params
-from pipelines.ingest.store import (
-    EXPORT_EPISODE_COLUMNS,
-    EXPORT_SCHEMA,
-    EXPORT_STEP_COLUMNS,
-    ingest_landing,
-    read_log,
-)
+from pipelines.ingest.exports import EXPORT_EPISODE_COLUMNS, EXPORT_SCHEMA, EXPORT_STEP_COLUMNS
+from pipelines.ingest.landing import ingest_landing
+from pipelines.ingest.shift_log import read_log
 from refcell.cell import TrueState
 from refcell.expert import Expert
 from refcell.shift import record_shift
@@ -310,7 +306,7 @@ from pathlib import Path
 
 from pydantic import TypeAdapter
 
-from pipelines.ingest import store as ingest
+from pipelines.ingest import landing, store as ingest
 from pipelines.contract.params import CellParams, IngestParams
 
 args = json.loads(sys.argv[1])
@@ -337,7 +333,7 @@ print("ready", flush=True)
 go = args.get("go")
 while go and not Path(go).exists():
     time.sleep(0.001)
-report = ingest.ingest_landing(
+report = landing.ingest_landing(
     Path(args["landing"]),
     Path(args["dataset"]),
     Path(args["quarantine"]),

@@ -11,13 +11,9 @@ import numpy as np
 import pytest
 
 from pipelines.contract import schema
-from pipelines.ingest.store import (
-    REASON_SUFFIX,
-    ingest_file,
-    read_dataset,
-    read_manifest,
-    sha256_file,
-)
+from pipelines.ingest.landing import ingest_file
+from pipelines.ingest.quarantine import REASON_SUFFIX
+from pipelines.ingest.store import read_dataset, read_manifest, sha256_file
 from tests.pipelines.test_ingest_helpers import (
     EPISODES,
     chunk_offsets,

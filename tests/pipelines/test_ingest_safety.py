@@ -15,13 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines.ingest import store as ingest_module
-from pipelines.ingest.store import (
-    REASON_SUFFIX,
-    dataset_content_hash,
-    read_dataset,
-    read_manifest,
-    sha256_file,
-)
+from pipelines.ingest.quarantine import REASON_SUFFIX
+from pipelines.ingest.store import dataset_content_hash, read_dataset, read_manifest, sha256_file
 from tests.pipelines.test_ingest_helpers import (
     RUN_TIME,
     copy_landing,

@@ -14,7 +14,7 @@ import torch
 
 from pipelines.ingest import versioning
 from pipelines.release import lineage
-from pipelines.training import tracking
+from pipelines.training import registry, tracking
 from pipelines.training.policy import PolicyConfig, PolicyNet, save_policy
 
 
@@ -62,9 +62,9 @@ def register(workspace: Path, params, version: str, batches: list[str], gate: di
     ) as run:
         if batches:
             tracking.log_training_batches(batches, "sim-policy")
-        model_version = tracking.register_policy(run.info.run_id, folder, train.registered_model)
+        model_version = registry.register_policy(run.info.run_id, folder, train.registered_model)
     if gate is not None:
-        tracking.record_gate(train.registered_model, model_version, gate, run.info.run_id)
+        registry.record_gate(train.registered_model, model_version, gate, run.info.run_id)
     return model_version
 
 

@@ -11,17 +11,13 @@ import pytest
 import torch
 
 from edge import agent
-from edge.channel import generate_keypair, open_channel
+from edge.channels import generate_keypair, open_channel
 from pipelines.release.gate import TrialStats, decide
 from pipelines.release.promote import PromotionResult, promote
 from pipelines.training import tracking
 from pipelines.training.policy import PolicyConfig, PolicyNet, load_policy, save_policy
-from pipelines.training.tracking import (
-    production_version,
-    register_policy,
-    start_finetune_run,
-    use_workspace,
-)
+from pipelines.training.registry import production_version, register_policy
+from pipelines.training.tracking import start_finetune_run, use_workspace
 
 DATASET_VERSION = "5d41402abc4b2a76b9719d911017c592.dir"
 

@@ -16,12 +16,9 @@ import torch
 from pipelines.release.gate import TrialStats, decide
 from pipelines.training import tracking
 from pipelines.training.policy import PolicyConfig, PolicyNet, load_policy, save_policy
-from pipelines.training.tracking import (
-    EpochLogger,
+from pipelines.training.registry import (
     download_policy,
     gate_tags,
-    log_learning_curve,
-    log_training_batches,
     model_version_info,
     model_version_record,
     model_version_records,
@@ -29,6 +26,11 @@ from pipelines.training.tracking import (
     record_gate,
     register_policy,
     set_production_alias,
+)
+from pipelines.training.tracking import (
+    EpochLogger,
+    log_learning_curve,
+    log_training_batches,
     start_finetune_run,
     tracking_uri,
     use_workspace,
@@ -286,7 +288,7 @@ def test_a_first_run_in_a_fresh_workspace_prints_nothing(tmp_path):
         """
         import sys
         from pathlib import Path
-        from pipelines.training import tracking
+        from pipelines.training import registry, tracking
         from pipelines.contract.params import load_params
         from pipelines.training.policy import PolicyConfig, PolicyNet, save_policy
         from pipelines.training.train import EpochMetrics
@@ -303,10 +305,10 @@ def test_a_first_run_in_a_fresh_workspace_prints_nothing(tmp_path):
                     logger(m)
             tracking.log_learning_curve(history)
         model = params.registered_model
-        version = tracking.register_policy(run.info.run_id, folder, model)
-        tracking.set_production_alias(model, "cell-07-production", version)
-        tracking.download_policy(model, version, workspace / "dl")
-        tracking.model_version_records(model)
+        version = registry.register_policy(run.info.run_id, folder, model)
+        registry.set_production_alias(model, "cell-07-production", version)
+        registry.download_policy(model, version, workspace / "dl")
+        registry.model_version_records(model)
         """
     )
     env = {

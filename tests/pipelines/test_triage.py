@@ -16,7 +16,8 @@ import pyarrow as pa
 import pytest
 
 from pipelines.contract import schema
-from pipelines.ingest.store import ingest_landing, read_dataset
+from pipelines.ingest.landing import ingest_landing
+from pipelines.ingest.store import read_dataset
 from pipelines.quality.triage import (
     CLASSES,
     CONTROL,

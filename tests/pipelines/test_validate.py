@@ -13,7 +13,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines.contract.schema import EPISODES_SCHEMA, STEPS_SCHEMA
-from pipelines.quality import validate as validate_module
 from pipelines.quality.validate import (
     ValidationReport,
     admit_batch,
@@ -22,6 +21,7 @@ from pipelines.quality.validate import (
     validate_dataset,
     validation_root,
 )
+from pipelines.quality.validate import run as validate_module
 
 GOOD = "a" * 64
 BAD = "b" * 64

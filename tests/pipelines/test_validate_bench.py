@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from bench.validate import BATCH, break_rows, pyarrow_checks, suite_counts, write_batch
+from bench.validate import BATCH, break_rows, suite_counts, write_batch
+from bench.validate_floor import pyarrow_checks
 from pipelines.contract.schema import EPISODES_SCHEMA, STEPS_SCHEMA
-from pipelines.quality import validate
+from pipelines.quality.validate import run as validate
 
 
 def test_suites_and_the_pyarrow_floor_agree_check_by_check(params, tmp_path):

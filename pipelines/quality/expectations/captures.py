@@ -21,7 +21,7 @@ hold (provenance broken: "nothing is lost") is critical; the rest are warnings.
 
 from __future__ import annotations
 
-from pipelines.quality.expectations import CRITICAL, WARNING, meta
+from pipelines.quality.expectations.common import CRITICAL, WARNING, meta
 
 TABLE = "captures"
 CAPTURE_REASONS = ("low_confidence", "operator_flag", "safety_stop", "near_failure", "retry")
@@ -38,14 +38,8 @@ COLUMNS = (
 
 
 def expectations() -> list:
+    """The suite, in a fixed order (stored results are keyed by a fingerprint of this code)."""
     import great_expectations.expectations as gxe
-
-    def holds(column, severity, broke, describe, label="reason"):
-        return gxe.ExpectColumnValuesToBeInSet(
-            column=column,
-            value_set=[True],
-            **meta(severity, TABLE, label, broke, describe, ("",)),
-        )
 
     return [
         gxe.ExpectTableColumnsToMatchSet(
@@ -53,7 +47,7 @@ def expectations() -> list:
             exact_match=True,
             **meta(CRITICAL, TABLE, "", "columns missing", "the captures frame is complete", ("",)),
         ),
-        holds(
+        _holds(
             "attachments_stored",
             CRITICAL,
             "captures whose episode lists an attachment missing from the dataset or corrupt",
@@ -72,34 +66,34 @@ def expectations() -> list:
                 ("",),
             ),
         ),
-        holds(
+        _holds(
             "has_sidecar",
             WARNING,
             "captures without their JSON sidecar in the landing folder",
             "every capture the dataset lists has its sidecar in <landing>/captures/",
         ),
-        holds(
+        _holds(
             "in_dataset",
             WARNING,
             "captures in the landing folder that their episode does not list "
             "(landed after ingest?)",
             "every sidecar's reason is listed in its episode's edge_case_reasons",
         ),
-        holds(
+        _holds(
             "step_in_episode",
             WARNING,
             "captures whose step lies outside their episode",
             "a capture's step lies within its episode (0..steps - 1)",
             "step",
         ),
-        holds(
+        _holds(
             "sidecar_consistent",
             WARNING,
             "sidecars with a wrong cell, time, step or log time",
             "a sidecar names its episode's cell, an ISO 8601 UTC time, an integer step",
             "sidecar",
         ),
-        holds(
+        _holds(
             "attachments_listed",
             WARNING,
             "captures whose attachment files are missing or not listed with their episode",
@@ -107,3 +101,14 @@ def expectations() -> list:
             "attachments",
         ),
     ]
+
+
+def _holds(column, severity, broke, describe, label="reason"):
+    """A derived flag is True on every capture."""
+    import great_expectations.expectations as gxe
+
+    return gxe.ExpectColumnValuesToBeInSet(
+        column=column,
+        value_set=[True],
+        **meta(severity, TABLE, label, broke, describe, ("",)),
+    )

@@ -2,7 +2,7 @@
 
 The frame is the episodes table with each vector reduced to its smallest component (NaN when
 the vector or any component is null or NaN) and these per-episode columns derived by
-pipelines.quality.validate, vectorized with pyarrow:
+pipelines.quality.validate (step_arrays, frames), vectorized with pyarrow:
 
     episode_id_well_formed  episode_id matches EPISODE_ID_PATTERN (pyarrow's regex engine)
     step_rows               rows of the episode in the steps table
@@ -17,7 +17,7 @@ pipelines.quality.validate, vectorized with pyarrow:
 from __future__ import annotations
 
 from pipelines.contract.schema import EPISODES_SCHEMA
-from pipelines.quality.expectations import CRITICAL, WARNING, meta, param
+from pipelines.quality.expectations.common import CRITICAL, WARNING, meta, param
 
 TABLE = "episodes"
 FAILURE_CAUSES = ("timeout", "part_lost", "safety_stop")  # docs/data-contract.md
@@ -36,29 +36,38 @@ DERIVED = (
 
 
 def expectations() -> list:
+    """The suite, in a fixed order (stored results are keyed by a fingerprint of this code)."""
+    return (
+        _identity() + _counts() + _physics() + _outcome() + _takeovers_and_captures() + _not_null()
+    )
+
+
+def _check(severity, column, broke, describe, sources=()):
+    return meta(severity, TABLE, column, broke, describe, sources)
+
+
+def _identity() -> list:
+    """Every column there, at least one episode, ids unique and well formed, one source."""
     import great_expectations.expectations as gxe
 
-    def check(severity, column, broke, describe, sources=()):
-        return meta(severity, TABLE, column, broke, describe, sources)
-
-    structure = [
+    return [
         gxe.ExpectTableColumnsToMatchSet(
             column_set=list(EPISODES_SCHEMA.names),
             exact_match=False,  # extra columns are the schema check's to report
-            **check(CRITICAL, "", "columns missing", "every contract column is present"),
+            **_check(CRITICAL, "", "columns missing", "every contract column is present"),
         ),
         gxe.ExpectTableRowCountToBeBetween(
             min_value=1,
-            **check(CRITICAL, "", "no episodes in the batch", "at least one episode", ("",)),
+            **_check(CRITICAL, "", "no episodes in the batch", "at least one episode", ("",)),
         ),
         gxe.ExpectColumnValuesToBeUnique(
             column="episode_id",
-            **check(CRITICAL, "episode_id", "duplicate ids", "episode ids are unique"),
+            **_check(CRITICAL, "episode_id", "duplicate ids", "episode ids are unique"),
         ),
         gxe.ExpectColumnValuesToBeInSet(
             column="episode_id_well_formed",
             value_set=[True],
-            **check(
+            **_check(
                 CRITICAL,
                 "episode_id",
                 "ids not of the form <cell_id>-<shift_id>-<NNNNN>",
@@ -69,18 +78,26 @@ def expectations() -> list:
         gxe.ExpectColumnValuesToBeInSet(
             column="source_sha256",
             value_set=param("batch"),
-            **check(
+            **_check(
                 CRITICAL,
                 "source_sha256",
                 "rows naming another source file",
                 "every episode names this batch's source file",
             ),
         ),
+    ]
+
+
+def _counts() -> list:
+    """Step counts within limits and equal to the steps table's rows; at most one stop."""
+    import great_expectations.expectations as gxe
+
+    return [
         gxe.ExpectColumnValuesToBeBetween(
             column="steps",
             min_value=param("min_steps"),
             max_value=param("max_steps"),
-            **check(
+            **_check(
                 CRITICAL,
                 "steps",
                 "episodes outside {min_steps}..{max_steps} steps",
@@ -90,7 +107,7 @@ def expectations() -> list:
         gxe.ExpectColumnPairValuesToBeEqual(
             column_A="steps",
             column_B="step_rows",
-            **check(
+            **_check(
                 CRITICAL,
                 "steps",
                 "episodes whose step count differs from their rows in the steps table",
@@ -102,7 +119,7 @@ def expectations() -> list:
             column="first_step",
             min_value=0,
             max_value=0,
-            **check(
+            **_check(
                 CRITICAL,
                 "steps",
                 "episodes whose steps do not start at index 0",
@@ -114,7 +131,7 @@ def expectations() -> list:
             column="safety_stops",
             min_value=0,
             max_value=1,
-            **check(
+            **_check(
                 CRITICAL,
                 "safety_stops",
                 "episodes outside 0..1 (a stop ends one)",
@@ -122,12 +139,18 @@ def expectations() -> list:
             ),
         ),
     ]
-    physics = [
+
+
+def _physics() -> list:
+    """Cycle times consistent with the step count and within the limits."""
+    import great_expectations.expectations as gxe
+
+    return [
         gxe.ExpectColumnValuesToBeBetween(
             column="cycle_time_error_s",
             min_value=param("negative_cycle_time_tolerance_s"),
             max_value=param("cycle_time_tolerance_s"),
-            **check(
+            **_check(
                 CRITICAL,
                 "cycle_time_s",
                 "episodes whose cycle time differs from steps·{dt_s:g} s "
@@ -141,7 +164,7 @@ def expectations() -> list:
             column="cycle_time_s",
             min_value=param("min_cycle_time_s"),
             max_value=param("max_cycle_time_s"),
-            **check(
+            **_check(
                 CRITICAL,
                 "cycle_time_s",
                 "episodes outside {min_cycle_time_s:g}..{max_cycle_time_s:g} s",
@@ -149,11 +172,17 @@ def expectations() -> list:
             ),
         ),
     ]
-    outcome = [
+
+
+def _outcome() -> list:
+    """Success, failure cause and safety stop kind agree, from known vocabularies."""
+    import great_expectations.expectations as gxe
+
+    return [
         gxe.ExpectColumnValuesToBeInSet(
             column="outcome_consistent",
             value_set=[True],
-            **check(
+            **_check(
                 CRITICAL,
                 "failure_cause",
                 "episodes whose failure_cause contradicts success",
@@ -164,7 +193,7 @@ def expectations() -> list:
         gxe.ExpectColumnValuesToBeInSet(
             column="failure_cause",
             value_set=list(FAILURE_CAUSES),
-            **check(
+            **_check(
                 WARNING,
                 "failure_cause",
                 f"episodes with a cause outside {', '.join(FAILURE_CAUSES)}",
@@ -174,7 +203,7 @@ def expectations() -> list:
         gxe.ExpectColumnValuesToBeInSet(
             column="safety_stop_kind",
             value_set=list(SAFETY_STOP_KINDS),
-            **check(
+            **_check(
                 WARNING,
                 "safety_stop_kind",
                 f"episodes with a stop kind outside {', '.join(SAFETY_STOP_KINDS)}",
@@ -184,7 +213,7 @@ def expectations() -> list:
         gxe.ExpectColumnValuesToBeInSet(
             column="stop_kind_consistent",
             value_set=[True],
-            **check(
+            **_check(
                 WARNING,
                 "safety_stop_kind",
                 "episodes whose stop kind contradicts safety_stops",
@@ -192,10 +221,19 @@ def expectations() -> list:
                 ("safety_stops", "safety_stop_kind"),
             ),
         ),
+    ]
+
+
+def _takeovers_and_captures() -> list:
+    """Takeovers match the intervention steps, the edge-case flag its reasons;
+    part extents are positive."""
+    import great_expectations.expectations as gxe
+
+    return [
         gxe.ExpectColumnPairValuesToBeEqual(
             column_A="interventions",
             column_B="intervention_runs",
-            **check(
+            **_check(
                 WARNING,
                 "interventions",
                 "episodes whose takeover count differs from their runs of intervention steps",
@@ -206,7 +244,7 @@ def expectations() -> list:
         gxe.ExpectColumnValuesToBeInSet(
             column="edge_case_consistent",
             value_set=[True],
-            **check(
+            **_check(
                 WARNING,
                 "edge_case",
                 "episodes whose edge_case flag contradicts edge_case_reasons",
@@ -218,7 +256,7 @@ def expectations() -> list:
             column="part_extent_m",
             min_value=0,
             strict_min=True,
-            **check(
+            **_check(
                 WARNING,
                 "part_extent_m",
                 "episodes with a part extent not above 0 m",
@@ -226,7 +264,6 @@ def expectations() -> list:
             ),
         ),
     ]
-    return structure + physics + outcome + _not_null()
 
 
 def _not_null() -> list:

@@ -22,7 +22,7 @@ Derived per-step columns (NaN on an episode's first step where a previous step i
 from __future__ import annotations
 
 from pipelines.contract.schema import STEPS_SCHEMA
-from pipelines.quality.expectations import CRITICAL, WARNING, meta, param
+from pipelines.quality.expectations.common import CRITICAL, WARNING, meta, param
 
 TABLE = "steps"
 TIMING = ("time_s", "step", "episode_id")
@@ -37,31 +37,42 @@ DERIVED = (
 
 
 def expectations() -> list:
+    """The suite, in a fixed order (stored results are keyed by a fingerprint of this code)."""
+    return _structure() + _sampling() + _limits() + _corrections() + _not_null()
+
+
+def _check(severity, column, broke, describe, sources=()):
+    return meta(severity, TABLE, column, broke, describe, sources)
+
+
+def _between(column, low, high, severity, broke, describe, sources=(), **kw):
     import great_expectations.expectations as gxe
 
-    def check(severity, column, broke, describe, sources=()):
-        return meta(severity, TABLE, column, broke, describe, sources)
+    # A failure is reported under the first source column (the derived column otherwise).
+    return gxe.ExpectColumnValuesToBeBetween(
+        column=column,
+        min_value=low,
+        max_value=high,
+        **kw,
+        **_check(severity, sources[0] if sources else column, broke, describe, sources),
+    )
 
-    def between(column, low, high, severity, broke, describe, sources=(), **kw):
-        # A failure is reported under the first source column (the derived column otherwise).
-        return gxe.ExpectColumnValuesToBeBetween(
-            column=column,
-            min_value=low,
-            max_value=high,
-            **kw,
-            **check(severity, sources[0] if sources else column, broke, describe, sources),
-        )
 
-    structure = [
+def _structure() -> list:
+    """Every column there; steps belong to listed episodes and advance one index at a
+    time, forward in time."""
+    import great_expectations.expectations as gxe
+
+    return [
         gxe.ExpectTableColumnsToMatchSet(
             column_set=list(STEPS_SCHEMA.names),
             exact_match=False,
-            **check(CRITICAL, "", "columns missing", "every contract column is present"),
+            **_check(CRITICAL, "", "columns missing", "every contract column is present"),
         ),
         gxe.ExpectColumnValuesToBeInSet(
             column="episode_listed",
             value_set=[True],
-            **check(
+            **_check(
                 CRITICAL,
                 "episode_id",
                 "steps of an episode missing from the episodes table",
@@ -69,7 +80,7 @@ def expectations() -> list:
                 ("episode_id", "episodes.episode_id"),
             ),
         ),
-        between(
+        _between(
             "step",
             0,
             param("max_step_index"),
@@ -77,7 +88,7 @@ def expectations() -> list:
             "steps with an index outside 0..{max_step_index}",
             "step indices within 0..validate.max_steps - 1",
         ),
-        between(
+        _between(
             "step_advance",
             1,
             1,
@@ -86,7 +97,7 @@ def expectations() -> list:
             "within an episode, each step's index is the previous one's + 1",
             ("step", "time_s", "episode_id"),
         ),
-        between(
+        _between(
             "time_advance_s",
             0,
             None,
@@ -97,8 +108,13 @@ def expectations() -> list:
             strict_min=True,
         ),
     ]
-    physics = [
-        between(
+
+
+def _sampling() -> list:
+    """Each step comes one control period after the previous one (missed periods are
+    critical, jitter a warning); no negative time."""
+    return [
+        _between(
             "time_step_error_s",
             param("negative_max_time_step_error_s"),
             param("max_time_step_error_s"),
@@ -109,7 +125,7 @@ def expectations() -> list:
             "within validate.max_time_step_error_s (else the control loop missed its period)",
             TIMING,
         ),
-        between(
+        _between(
             "time_step_error_s",
             param("negative_time_step_tolerance_s"),
             param("time_step_tolerance_s"),
@@ -119,7 +135,7 @@ def expectations() -> list:
             "sampling jitter within validate.time_step_tolerance_s",
             TIMING,
         ),
-        between(
+        _between(
             "time_s",
             0,
             None,
@@ -127,7 +143,13 @@ def expectations() -> list:
             "steps with a negative time",
             "time_s (since the episode start) is not negative",
         ),
-        between(
+    ]
+
+
+def _limits() -> list:
+    """Confidence, commands, corrections and joint readings within their physical ranges."""
+    return [
+        _between(
             "part_confidence",
             0,
             1,
@@ -135,7 +157,7 @@ def expectations() -> list:
             "steps with a confidence outside [0, 1]",
             "perception confidence within [0, 1]",
         ),
-        between(
+        _between(
             "action",
             -1,
             1,
@@ -143,7 +165,7 @@ def expectations() -> list:
             "steps with a command outside [-1, 1]",
             "commanded actions within the actuator limits [-1, 1] (normalised)",
         ),
-        between(
+        _between(
             "corrected_action",
             -1,
             1,
@@ -151,7 +173,7 @@ def expectations() -> list:
             "steps with a correction outside [-1, 1]",
             "operator corrections within the actuator limits [-1, 1] (normalised)",
         ),
-        between(
+        _between(
             "joint_position",
             param("negative_joint_limit_m"),
             param("joint_limit_m"),
@@ -160,10 +182,18 @@ def expectations() -> list:
             "joint readings within ±(cell.safety.joint_limit_m + "
             "validate.joint_reading_margin_m): the gantry's travel plus sensor noise",
         ),
+    ]
+
+
+def _corrections() -> list:
+    """Corrections exactly on intervention steps, and the command sent is the correction."""
+    import great_expectations.expectations as gxe
+
+    return [
         gxe.ExpectColumnValuesToBeInSet(
             column="correction_iff_intervention",
             value_set=[True],
-            **check(
+            **_check(
                 CRITICAL,
                 "corrected_action",
                 "steps whose correction contradicts the intervention flag",
@@ -171,7 +201,7 @@ def expectations() -> list:
                 ("corrected_action", "intervention"),
             ),
         ),
-        between(
+        _between(
             "correction_gap",
             0,
             param("action_match_tolerance"),
@@ -183,7 +213,6 @@ def expectations() -> list:
             ("action", "corrected_action", "intervention"),
         ),
     ]
-    return structure + physics + _not_null()
 
 
 def _not_null() -> list:
