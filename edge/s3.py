@@ -1,6 +1,6 @@
 """The S3 channel (AWS S3 or any S3-compatible store: MinIO, Ceph, moto).
 
-Imported by `edge.channel.open_channel` only for s3:// URIs, because boto3 is slow to import.
+Imported by `edge.channels.open_channel` only for s3:// URIs, because boto3 is slow to import.
 Every object is written with a single PUT, which S3 applies atomically: a reader of CURRENT.json
 sees the old pointer or the new one, never a mix. (Single PUTs cap an object at 5 GB.)
 """
@@ -74,6 +74,10 @@ class S3Channel(Channel):
         except KeyNotFoundError:
             return False
         return True
+
+    def delete(self, key: str) -> None:
+        with self._translated(key):  # S3 deletes of a missing key succeed
+            self._client.delete_object(Bucket=self.bucket, Key=self._object_key(key))
 
     def list(self, prefix: str = "") -> builtins.list[str]:
         base = f"{self.prefix}/" if self.prefix else ""
