@@ -1,4 +1,5 @@
-"""`realloop cell ...`: the reference cell, for pretraining, evaluation and recording."""
+"""`realloop cell ...`: the reference cell, for pretraining, evaluation and recording, and
+`realloop cell run`, a cell as a separate process (the logic lives in refcell.process)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import typer
 from flows.console import CommandError, emit, fails_cleanly, progress_bar, stdout
 
 app = typer.Typer(
-    help="The reference cell: pretrain in sim, evaluate, record line logs.", no_args_is_help=True
+    help="The reference cell: pretrain in sim, evaluate, record line logs, run as a cell.",
+    no_args_is_help=True,
 )
 
 ParamsOpt = Annotated[Path, typer.Option("--params", help="params.yaml to read")]
@@ -92,7 +94,7 @@ def _pretrain_world(params, calibration: Path | None):
 @fails_cleanly
 def evaluate(
     policy: PolicyOpt = "sim",
-    world: Annotated[str, typer.Option(help="sim or line")] = "sim",
+    world: Annotated[str, typer.Option(help="sim, line or a cell's line: cell-07, ...")] = "sim",
     episodes: Annotated[int, typer.Option(min=1)] = 200,
     seed: int = 1000,
     interventions: Annotated[bool, typer.Option(help="let the operator take over")] = False,
@@ -199,6 +201,59 @@ def run_record(
             shift_start=shift_start,
             progress=lambda done, total: update("recording shift", done, total),
         )
+
+
+@app.command("run")
+@fails_cleanly
+def run_cell(
+    cell_id: Annotated[str, typer.Option("--cell-id", help="this cell's id, e.g. cell-07")],
+    world: Annotated[str, typer.Option(help="line, a cell's line (cell-07, ...) or a world YAML")],
+    channel: Annotated[str, typer.Option(help="edge channel: folder or s3://bucket/prefix")],
+    landing: Annotated[str, typer.Option(help="landing zone: folder or s3://bucket/prefix")],
+    box: Annotated[Path, typer.Option(help="the edge box's folder (models, recordings, trials)")],
+    episodes_per_shift: Annotated[int, typer.Option(min=1, help="episodes in a shift")] = 300,
+    seed: Annotated[int, typer.Option(help="episode draws: per shift from (seed, shift id)")] = 0,
+    speed: Annotated[
+        float, typer.Option(min=0.001, help="cell clock speed: cell seconds per wall second")
+    ] = 60.0,
+    poll_s: Annotated[
+        float, typer.Option(min=0.01, help="wall seconds between channel polls")
+    ] = 2.0,
+    ground_truth: Annotated[
+        bool, typer.Option(help="keep .groundtruth side files (replays cost sim time)")
+    ] = True,
+    params_path: ParamsOpt = Path("params.yaml"),
+    as_json: Annotated[
+        bool, typer.Option("--json", help="a JSON summary on stdout at exit")
+    ] = False,
+) -> None:
+    """Run one reference cell until SIGTERM/SIGINT: follow the channel, record shifts, upload
+    closed logs to the landing zone, run trial requests (docs/operations.md). Logs to stderr."""
+    import dataclasses
+
+    from edge.channels import EdgeError
+    from pipelines.contract.params import load_params
+    from refcell.process import CellProcess, CellRunConfig, log_to_stderr
+    from refcell.world import WORLD_NAMES
+
+    if world not in WORLD_NAMES and not Path(world).is_file():
+        raise CommandError(
+            f"--world {world}: no such world; use one of {', '.join(WORLD_NAMES)} or a YAML file"
+        )
+    params = load_params(params_path)
+    config = CellRunConfig(
+        cell_id, world, channel, landing, box, episodes_per_shift, seed, speed, poll_s, ground_truth
+    )
+    try:
+        process = CellProcess(
+            config, dataclasses.replace(params.cell, cell_id=cell_id), params.record
+        )
+        log_to_stderr(process.clock)
+        process.stop_on_signals()
+        summary = process.run()
+    except EdgeError as exc:
+        raise CommandError(str(exc)) from None
+    emit(summary, as_json, lambda p: None)  # the log on stderr already told the story
 
 
 def _parse_start(start: str | None) -> datetime:

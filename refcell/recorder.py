@@ -3,6 +3,11 @@
 - ROS 2 MCAP logs (CDR, as rosbag2 writes them), many episodes per file, split by count or size;
 - edge-case captures: a short MCAP window plus a JSON sidecar and a snapshot image;
 - file metadata (cell, robot, policy, calibration, software) in MCAP metadata records.
+
+`cell record` writes straight into a landing folder, so a log grows as `<name>.partial` and is
+renamed when closed: ingest never sees half a file. `cell run` records into the box's own
+folder instead and writes in place, as rosbag2 does (the file has its final name while it
+grows); its uploader sends a file to the landing zone only once it is closed.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import io
 import json
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,6 +34,7 @@ SOFTWARE_VERSION = "refcell-0.1.0"
 EPISODE_GAP_S = 2.0  # part changeover between episodes
 CAPTURES_DIR = "captures"
 PART_EDGE_MARGIN_M = 0.03
+IN_PLACE_CHUNK_BYTES = 256 * 1024  # uncompressed; about five episodes of messages
 
 
 @dataclass
@@ -56,11 +63,14 @@ class _Message:
 class _McapFile:
     """One open MCAP file with our schemas registered."""
 
-    def __init__(self, path: Path, metadata: dict[str, str]):
+    def __init__(self, path: Path, metadata: dict[str, str], in_place: bool = False):
         self.path = path
-        self.partial = path.with_name(path.name + ".partial")
+        self.partial = path if in_place else path.with_name(path.name + ".partial")
         self.stream = self.partial.open("wb")
-        self.writer = Writer(self.stream, compression=CompressionType.ZSTD)
+        # In place, smaller chunks make the file grow every few episodes, as a rosbag2 file
+        # does, and bound what a killed cell leaves unindexed.
+        chunk = IN_PLACE_CHUNK_BYTES if in_place else 1 << 20
+        self.writer = Writer(self.stream, chunk_size=chunk, compression=CompressionType.ZSTD)
         self.schemas = {t: self.writer.register_msgdef(t, message_definition(t)) for t in DATATYPES}
         self.writer.add_metadata(schema.METADATA_NAME, metadata)
 
@@ -73,10 +83,11 @@ class _McapFile:
         return self.stream.tell()
 
     def close(self) -> Path:
-        """Finish and move into place: readers never see a half-written log."""
+        """Finish (footer and summary) and, unless written in place, move into place."""
         self.writer.finish()
         self.stream.close()
-        self.partial.replace(self.path)
+        if self.partial != self.path:
+            self.partial.replace(self.path)
         return self.path
 
 
@@ -102,8 +113,17 @@ class ShiftRecorder:
         params: RecordParams,
         identity: CellIdentity,
         shift_start: datetime,
+        *,
+        in_place: bool = False,
+        metadata: dict[str, str] | None = None,
+        file_indexes: Iterator[int] | None = None,
     ):
+        """`metadata` adds keys to every file's `realloop` record (a trial's keys);
+        `file_indexes` is shared by all recorders of one shift, so their file names differ."""
         self.out_dir = Path(out_dir)
+        self.in_place = in_place
+        self.extra_metadata = dict(metadata or {})
+        self.file_indexes = file_indexes
         self.captures_dir = self.out_dir / CAPTURES_DIR
         self.captures_dir.mkdir(parents=True, exist_ok=True)
         self.cell_params, self.params, self.identity = cell_params, params, identity
@@ -131,12 +151,22 @@ class ShiftRecorder:
             self.current = None
         return self.files
 
+    def begin_at(self, time_ns: int) -> None:
+        """The next episode starts at this cell time (a cell on its own clock sets it)."""
+        self.clock_ns = time_ns
+
+    def use_policy(self, policy_version: str) -> None:
+        """A new model from now on: close the open file, since its metadata names the old one."""
+        if policy_version != self.identity.policy_version:
+            self.close()
+            self.identity.policy_version = policy_version
+
     # --- episodes --------------------------------------------------------------------
     def _start_episode(self, cell: Cell) -> None:
         if self.current is None:
-            index = len(self.files)
+            index = next(self.file_indexes) if self.file_indexes else len(self.files)
             name = f"{self.identity.cell_id}_{self.shift_id}_{index:04d}.mcap"
-            self.current = _McapFile(self.out_dir / name, self._metadata(index))
+            self.current = _McapFile(self.out_dir / name, self._metadata(index), self.in_place)
             self.episodes_in_file = 0
         episode_id = f"{self.identity.cell_id}-{self.shift_id}-{cell.episode_index:05d}"
         self.episode = _EpisodeLog(episode_id, self.clock_ns)
@@ -174,6 +204,8 @@ class ShiftRecorder:
         if full or self.current.size() >= self.params.max_file_bytes:
             self.files.append(self.current.close())
             self.current = None
+        elif self.in_place:
+            self.current.stream.flush()  # finished chunks reach the file between episodes
 
     # --- messages --------------------------------------------------------------------
     def _log_step(self, cell: Cell, record: StepRecord) -> None:
@@ -311,6 +343,7 @@ class ShiftRecorder:
             "shift_id": self.shift_id,
             "file_index": str(file_index),
             "control_hz": str(self.cell_params.control_hz),
+            **self.extra_metadata,
         }
 
     def _dt_ns(self) -> int:

@@ -46,7 +46,7 @@ def record_shift(
         )
         episode_id = recorder.episode.episode_id
         results.append(result)
-        truth_rows.append(_truth_row(episode_id, result))
+        truth_rows.append(truth_row(episode_id, result))
         if progress:
             progress(index + 1, episodes)
     files = recorder.close()
@@ -68,5 +68,5 @@ def record_shift(
     }
 
 
-def _truth_row(episode_id: str, result: EpisodeResult) -> dict:
+def truth_row(episode_id: str, result: EpisodeResult) -> dict:
     return {"episode_id": episode_id, "true_cause": None, **asdict(result)}

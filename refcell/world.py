@@ -13,7 +13,8 @@ from pydantic.dataclasses import dataclass
 from pipelines.contract.params import read_yaml, validated
 
 WORLDS_DIR = Path(__file__).parent / "worlds"
-WORLD_NAMES = ("sim", "line")
+# `sim`, `line` and one line file per reference cell (cell-07, ...): every file shipped here.
+WORLD_NAMES = tuple(sorted(path.stem for path in WORLDS_DIR.glob("*.yaml")))
 _STRICT = ConfigDict(extra="forbid")
 
 
@@ -75,7 +76,7 @@ class World:
 
 
 def load_world(name_or_path: str | Path) -> World:
-    """Load `sim`, `line`, or a world YAML file with the same keys."""
+    """Load a shipped world by name (`sim`, `line`, `cell-07`, ...) or a world YAML file."""
     path = (
         WORLDS_DIR / f"{name_or_path}.yaml" if name_or_path in WORLD_NAMES else Path(name_or_path)
     )
@@ -84,6 +85,12 @@ def load_world(name_or_path: str | Path) -> World:
 
 def world_as_dict(world: World) -> dict:
     return dataclasses.asdict(world)
+
+
+def sim_world() -> dict:
+    """The sim as calibration starts from it: the simulator plug-in's `world`
+    (params.yaml `simulator.world`, docs/calibration.md)."""
+    return world_as_dict(load_world("sim"))
 
 
 def calibrated_world(calibration_path: str | Path, base: str = "sim") -> tuple[World, dict]:

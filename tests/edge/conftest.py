@@ -1,13 +1,12 @@
-"""Shared fixtures for the edge tests: fake bundles, the CLI, signing keys, a real S3 server."""
+"""Shared fixtures for the edge tests: fake bundles, the CLI, signing keys (the S3 server
+fixtures are in tests/conftest.py: the cell tests use them too)."""
 
 from __future__ import annotations
 
 import json
-import logging
 import subprocess
 import sys
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -105,40 +104,3 @@ def keypair(tmp_path: Path) -> tuple[Path, Path]:
     private, public = tmp_path / "signing.pem", tmp_path / "signing.pub.pem"
     generate_keypair(private, public)
     return private, public
-
-
-@pytest.fixture(scope="session")
-def s3_endpoint() -> Iterator[str]:
-    """A real S3-compatible HTTP server (moto) on loopback, shared by the whole session."""
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no request log in test output
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-
-
-@pytest.fixture
-def s3_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, s3_endpoint: str) -> str:
-    """Point boto3 at the loopback server with dummy credentials; no real AWS config leaks in."""
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("REALLOOP_S3_ENDPOINT_URL", s3_endpoint)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
-    return s3_endpoint
-
-
-@pytest.fixture
-def s3_bucket(s3_env: str) -> str:
-    """A fresh bucket per test on the shared server, so tests never see each other's objects."""
-    import boto3
-
-    name = f"realloop-{uuid.uuid4().hex[:12]}"
-    boto3.client("s3", endpoint_url=s3_env).create_bucket(Bucket=name)
-    return name

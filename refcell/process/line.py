@@ -1,0 +1,125 @@
+"""The line's time: shifts of N episode slots on the cell clock.
+
+Every episode, production or trial, takes the next slot of the current shift, and the line's
+lighting and load follow the slot's place in the shift, as they follow the hour on a real
+line. Trial episodes interleaved into a shift therefore meet the same conditions as the
+production episodes around them, and episode ids (`<cell>-<shift_id>-<slot>`) stay unique and
+keep the meaning docs/data-contract.md gives them. Episodes run paced to the cell clock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from refcell.cell import Cell
+from refcell.process.clock import NS, CellClock, save_high_water, stamp
+from refcell.recorder import EPISODE_GAP_S, ShiftRecorder
+from refcell.runner import Controller, EpisodeResult, Operator, StepRecord, run_episode
+
+PRODUCTION, TRIAL = "production", "trial"
+
+
+@dataclass
+class Shift:
+    shift_id: str
+    start: datetime
+    seed: int  # the shift's episode draws: differ per shift, reproducible from (seed, shift id)
+    episodes: int
+    file_indexes: Iterator[int] = field(default_factory=itertools.count)
+    used: int = 0
+    outcomes: dict[str, list[bool]] = field(default_factory=dict)  # kind → success per episode
+
+    @property
+    def full(self) -> bool:
+        return self.used >= self.episodes
+
+
+@dataclass(frozen=True)
+class Slot:
+    shift: Shift
+    index: int
+    start_ns: int
+
+
+class Line:
+    """Hands out slots and runs paced episodes in them; a shift ends (`on_shift_end`) right
+    after the episode that used its last slot."""
+
+    def __init__(
+        self,
+        cell: Cell,
+        clock: CellClock,
+        box: Path,
+        episodes_per_shift: int,
+        seed: int,
+        on_shift_end: Callable[[Shift], None] = lambda shift: None,
+    ):
+        if episodes_per_shift < 1:
+            raise ValueError(f"--episodes-per-shift {episodes_per_shift}: must be at least 1")
+        self.cell, self.clock, self.box = cell, clock, box
+        self.episodes_per_shift, self.seed = episodes_per_shift, seed
+        self.on_shift_end = on_shift_end
+        self.cursor_ns = clock.now_ns()  # when the line is free for the next episode
+        self.shift: Shift | None = None
+        self.shifts_ended = 0
+
+    def take(self) -> Slot:
+        start_ns = max(self.cursor_ns, self.clock.now_ns())
+        if self.shift is None:
+            shift_id = stamp(start_ns)
+            self.shift = Shift(
+                shift_id,
+                datetime.fromtimestamp(start_ns // NS, tz=UTC),
+                shift_seed(self.seed, shift_id),
+                self.episodes_per_shift,
+            )
+        slot = Slot(self.shift, self.shift.used, start_ns)
+        self.shift.used += 1
+        return slot
+
+    def run(
+        self,
+        slot: Slot,
+        controller: Controller,
+        recorder: ShiftRecorder,
+        operator: Operator | None,
+        kind: str,
+    ) -> EpisodeResult:
+        """One episode in `slot`, recorded by `recorder`, each step paced to the cell clock."""
+        dt_ns = round(self.cell.params.dt * NS)
+        recorder.begin_at(slot.start_ns)
+
+        def pace(_cell: Cell, record: StepRecord) -> None:
+            self.clock.advance_to(slot.start_ns + (record.index + 1) * dt_ns)
+
+        shift = slot.shift
+        result = run_episode(
+            self.cell,
+            controller,
+            shift.seed,
+            slot.index,
+            shift.episodes,
+            operator,
+            observers=(recorder, pace),
+        )
+        self.cursor_ns = slot.start_ns + result.steps * dt_ns + round(EPISODE_GAP_S * NS)
+        save_high_water(self.box, self.cursor_ns)
+        shift.outcomes.setdefault(kind, []).append(result.success)
+        self._end_shift_if_full()
+        return result
+
+    def _end_shift_if_full(self) -> None:
+        if self.shift is not None and self.shift.full:
+            ended, self.shift = self.shift, None
+            self.shifts_ended += 1
+            self.on_shift_end(ended)
+
+
+def shift_seed(seed: int, shift_id: str) -> int:
+    digest = hashlib.sha256(f"{seed}:{shift_id}".encode()).digest()
+    return int.from_bytes(digest[:4], "big")

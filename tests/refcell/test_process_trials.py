@@ -1,0 +1,204 @@
+"""Hardware trials on request, run by the cell process's TrialRunner against a folder channel:
+arms interleaved, trial metadata on every log, only complete attempts uploaded."""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from mcap.reader import make_reader
+from mcap_ros2.decoder import DecoderFactory
+
+from edge.channels import open_channel, upload_bundle
+from edge.integrity import sha256_bytes
+from edge.trials import new_request_id, publish_request, withdraw_request
+from pipelines.contract import schema
+from refcell.cell import Cell
+from refcell.process.clock import CellClock
+from refcell.process.line import Line
+from refcell.process.trials import TrialRunner
+from refcell.process.uploader import LandingUploader
+from refcell.world import load_world
+from tests.refcell.conftest import START, policy_files, publish_policy
+
+CELL = "cell-07"
+EPISODES_PER_ARM = 3
+
+
+class Rig:
+    """A channel with a production model, a candidate and a trial request; a cell's line,
+    uploader and trial runner on a box folder."""
+
+    def __init__(self, params, tmp_path: Path, policy_folder: Path, episodes_per_shift: int):
+        self.channel_dir, self.landing = tmp_path / "channel", tmp_path / "landing"
+        self.box, self.params, self.tmp_path = tmp_path / "box", params, tmp_path
+        self.channel = open_channel(self.channel_dir)
+        incumbent = publish_policy(self.channel_dir, CELL, policy_folder, 1)
+        candidate, candidate_bytes = self._candidate()
+        self.bundles = {"candidate": candidate["bundle_id"], "incumbent": incumbent["bundle_id"]}
+        incumbent_bytes = self.channel.get_bytes(
+            f"{CELL}/bundles/{incumbent['bundle_id']}/manifest.json"
+        )
+        now = datetime.now(UTC)
+        self.request = publish_request(
+            self.channel,
+            {
+                "request_id": new_request_id(CELL),
+                "cell_id": CELL,
+                "episodes_per_arm": EPISODES_PER_ARM,
+                "arms": {
+                    "candidate": {
+                        "bundle_id": candidate["bundle_id"],
+                        "manifest_sha256": sha256_bytes(candidate_bytes),
+                    },
+                    "incumbent": {
+                        "bundle_id": incumbent["bundle_id"],
+                        "manifest_sha256": sha256_bytes(incumbent_bytes),
+                    },
+                },
+                "created_at": now.isoformat(),
+                "deadline": (now + timedelta(hours=2)).isoformat(),
+            },
+        )
+        self.stop = threading.Event()
+        clock = CellClock(1e6, int(START.timestamp() * 1e9), self.stop)
+        world = Cell(load_world("line"), params.cell)
+        self.line = Line(world, clock, self.box, episodes_per_shift, seed=3)
+        self.runner = self.new_runner(str(self.landing))
+
+    def new_runner(self, landing: str) -> TrialRunner:
+        uploader = LandingUploader(landing, self.box / "uploaded")
+        return TrialRunner(
+            str(self.channel_dir),
+            self.params.cell,
+            self.params.record,
+            self.box,
+            self.line,
+            uploader,
+            self.stop,
+            poll_s=0.0,
+        )
+
+    def _candidate(self):
+        import torch
+
+        from pipelines.training import PolicyConfig, PolicyNet, save_policy
+
+        torch.manual_seed(1)
+        folder = save_policy(
+            PolicyNet(PolicyConfig(hidden=[8], version="cand")), self.tmp_path / "cand"
+        )
+        return upload_bundle(
+            self.channel,
+            CELL,
+            policy_files(folder),
+            {"model_name": "pusher-policy", "model_version": 2},
+        )
+
+    @property
+    def request_id(self) -> str:
+        return self.request["request_id"]
+
+
+@pytest.fixture
+def rig(params, tmp_path, policy_folder) -> Rig:
+    return Rig(params, tmp_path, policy_folder, episodes_per_shift=4)
+
+
+def landed_episodes(landing: Path) -> list[dict]:
+    """One row per episode in the landed logs: its id and its file's `realloop.cell` keys."""
+    rows = []
+    for path in sorted(landing.glob("*.mcap")):
+        with path.open("rb") as stream:
+            reader = make_reader(stream, decoder_factories=[DecoderFactory()])
+            meta = {m.name: m.metadata for m in reader.iter_metadata()}[schema.METADATA_NAME]
+            for *_, message in reader.iter_decoded_messages(topics=[schema.TOPIC_EVENTS]):
+                event = json.loads(message.data)
+                if event["event"] == "end":
+                    rows.append({"episode_id": event["episode_id"], "file": path.name, **meta})
+    return sorted(rows, key=lambda row: row["episode_id"])
+
+
+def test_arms_alternate_and_every_log_names_request_arm_and_attempt(rig):
+    assert rig.runner.next_request()["request_id"] == rig.request_id
+    assert rig.runner.run(rig.request) == "complete"
+    episodes = landed_episodes(rig.landing)
+    arms = [row["trial_arm"] for row in episodes]
+    assert arms == ["candidate", "incumbent"] * EPISODES_PER_ARM  # interleaved, in slot order
+    assert {row["trial_request_id"] for row in episodes} == {rig.request_id}
+    assert len({row["trial_attempt"] for row in episodes}) == 1
+    for row in episodes:
+        assert row["policy_version"] == rig.bundles[row["trial_arm"]]
+    files = {(row["file"], row["trial_arm"]) for row in episodes}
+    assert len({name for name, _ in files}) == len(files)  # an arm's logs are its own
+    assert len({row["shift_id"] for row in episodes}) == 2  # 6 episodes in shifts of 4
+    assert (rig.box / "trials" / f"{rig.request_id}.done").is_file()
+    assert rig.runner.next_request() is None  # done here: never rerun
+
+
+def test_a_withdrawn_request_is_abandoned_and_nothing_of_it_uploaded(rig):
+    run = rig.line.run
+
+    def withdraw_after_two(*args, **kwargs):
+        result = run(*args, **kwargs)
+        if rig.line.shift is None or rig.line.shift.used >= 2:
+            withdraw_request(rig.channel, CELL, rig.request_id, "test: trials timed out")
+        return result
+
+    rig.line.run = withdraw_after_two
+    assert rig.runner.run(rig.request) == "withdrawn"
+    assert not rig.landing.exists()
+    assert not list((rig.box / "trials").glob(f"{rig.request_id}/*"))  # partial files deleted
+    assert not (rig.box / "trials" / f"{rig.request_id}.done").exists()
+
+
+def test_a_stop_mid_attempt_uploads_nothing(rig):
+    run = rig.line.run
+
+    def stop_after_one(*args, **kwargs):
+        result = run(*args, **kwargs)
+        rig.stop.set()
+        return result
+
+    rig.line.run = stop_after_one
+    assert rig.runner.run(rig.request) == "stopped"
+    assert not rig.landing.exists()
+
+
+def test_after_a_kill_the_old_attempt_is_discarded_and_a_new_one_completes(rig):
+    old = rig.box / "trials" / rig.request_id / "cell-07-20261201T055000Z-00000000"
+    old.mkdir(parents=True)
+    (old / "cell-07_20261201T055000Z_0001.mcap").write_bytes(b"\x89MCAP0\r\n half a file")
+    rig.runner.recover()
+    assert not old.exists()
+    assert rig.runner.next_request()["request_id"] == rig.request_id
+    assert rig.runner.run(rig.request) == "complete"
+    episodes = landed_episodes(rig.landing)
+    assert len(episodes) == 2 * EPISODES_PER_ARM
+    assert {row["trial_attempt"] for row in episodes} != {old.name}
+    assert not (rig.landing / "cell-07_20261201T055000Z_0001.mcap").exists()
+
+
+def test_a_recorded_attempt_whose_upload_failed_is_delivered_later(rig):
+    blocked = rig.tmp_path / "not-a-folder"
+    blocked.write_text("the landing zone is down")
+    rig.runner = rig.new_runner(str(blocked))
+    assert rig.runner.run(rig.request) == "complete"  # recorded in full...
+    assert not (rig.box / "trials" / f"{rig.request_id}.done").exists()  # ...not delivered
+    restarted = rig.new_runner(str(rig.landing))
+    restarted.recover()
+    assert (rig.box / "trials" / f"{rig.request_id}.done").is_file()
+    assert len(landed_episodes(rig.landing)) == 2 * EPISODES_PER_ARM
+
+
+def test_an_arm_that_fails_verification_is_refused_and_not_run(rig, caplog):
+    model = rig.channel_dir / CELL / "bundles" / rig.bundles["candidate"] / "model.safetensors"
+    model.write_bytes(model.read_bytes()[:-1] + b"!")
+    with caplog.at_level("ERROR", logger="realloop.cell"):
+        assert rig.runner.run(rig.request) == "refused"
+    assert "size or sha256 differs" in caplog.text and rig.request_id in caplog.text
+    assert not rig.landing.exists() and rig.line.shift is None  # not one episode ran
+    assert rig.runner.next_request() is None
