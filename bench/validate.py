@@ -165,6 +165,9 @@ def make_tables(steps: int, captures: int, cell) -> tuple[pa.Table, pa.Table]:
             "edge_case": np.zeros(n_episodes, bool),
             "edge_case_reasons": pa.array(none, pa.list_(pa.string())),
             "attachments": pa.array(none, pa.list_(pa.string())),
+            "trial_request_id": pa.nulls(n_episodes, pa.string()),
+            "trial_arm": pa.nulls(n_episodes, pa.string()),
+            "trial_attempt": pa.nulls(n_episodes, pa.string()),
         },
         schema=EPISODES_SCHEMA,
     )

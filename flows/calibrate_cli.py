@@ -33,6 +33,7 @@ def calibrate_command(
 
 
 def run_calibration(workspace: Path, params, out: Path | None = None, progress=None) -> dict:
+    from flows.plugins import load_simulator
     from pipelines.calibrate import (
         calibrate,
         plot_profiles,
@@ -42,12 +43,12 @@ def run_calibration(workspace: Path, params, out: Path | None = None, progress=N
     )
     from pipelines.ingest import read_dataset
     from pipelines.training import log_calibration_run
-    from refcell.replay import SimReplay
-    from refcell.world import load_world, world_as_dict
 
+    # params.yaml `simulator:` names it (refcell's by default): flows never import a simulator.
+    # Loaded first, so that a wrong import path fails before validation runs.
+    simulator, sim_world = load_simulator(params)
     dataset = workspace / params.ingest.dataset
     version, batches = _validated_batches(workspace, params)
-    simulator, sim_world = SimReplay(params.cell), world_as_dict(load_world("sim"))
     try:
         calibration, fits = calibrate(
             *read_dataset(dataset, sources=batches),

@@ -8,6 +8,7 @@ from flows import (
     calibrate_cli,
     cell,
     commands,
+    deploy,
     drift_cli,
     serve_cli,
     triage_cli,
@@ -31,6 +32,7 @@ app.command("triage")(triage_cli.triage_command)
 app.command("validate")(validate_cli.validate_command)
 app.command("admit")(validate_cli.admit_command)
 app.command("calibrate")(calibrate_cli.calibrate_command)
+app.command("deploy")(deploy.deploy_command)
 
 if __name__ == "__main__":
     app()

@@ -24,18 +24,46 @@ def _workspace() -> Path:
     return workspace
 
 
+CellOpt = Annotated[
+    str | None, typer.Option("--cell", help="one cell's cycle (default: every cell of fleet.cells)")
+]
+
+
 @fails_cleanly
-def loop(params_path: ParamsOpt = Path("params.yaml"), as_json: JsonOpt = False) -> None:
-    """One retraining cycle: collect, ingest, validate, fine-tune, trials, gate, promote."""
-    from flows.cycle import print_cycle
+def loop(
+    cell: CellOpt = None,
+    source: Annotated[
+        str | None,
+        typer.Option(
+            "--source",
+            help="where the cells upload: folder, file:// or s3://bucket/prefix "
+            "(default: ingest.landing)",
+        ),
+    ] = None,
+    params_path: ParamsOpt = Path("params.yaml"),
+    as_json: JsonOpt = False,
+) -> None:
+    """One retraining cycle per cell: ingest what the cells uploaded, validate, fine-tune,
+    request hardware trials and wait for them, gate, promote."""
+    from flows.cycle import FAILED, fleet_cells, print_cycle
+    from pipelines.contract.params import load_params
 
     workspace = _workspace()
+    _check_ingest(workspace, params_path, source)
+    fleet_cells(load_params(params_path), cell)  # a bad cell id fails here, in one line
     from flows.loop import loop_flow
 
     summary = loop_flow(
-        params_path=str(params_path), workspace=str(workspace), progress=not as_json
+        params_path=str(params_path),
+        workspace=str(workspace),
+        cell=cell,
+        source=source,
+        progress=not as_json,
     )
     emit(summary, as_json, lambda s: print_cycle(s, stdout.print))
+    failed = [c for c in summary["cells"] if c["outcome"] == FAILED]
+    if failed:
+        raise CommandError(f"cell {failed[0]['cell']} failed: {failed[0]['reason']}")
 
 
 @fails_cleanly
@@ -147,14 +175,18 @@ def _print_datasets(listing: dict) -> None:
 
 @fails_cleanly
 def train(
+    cell: Annotated[
+        str | None,
+        typer.Option("--cell", help="train on this cell's batches only (default: all batches)"),
+    ] = None,
     params_path: ParamsOpt = Path("params.yaml"),
     base: Annotated[
-        Path | None, typer.Option(help="policy folder to fine-tune (default: production or sim)")
+        Path | None,
+        typer.Option(help="policy folder to fine-tune (default: the cell's production model)"),
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Fine-tune on the workspace's current dataset version (what `dvc repro finetune` runs)."""
-    from flows.cycle import current_policy
     from pipelines.contract.params import load_params
     from pipelines.ingest import current_version
     from pipelines.quality import validate_dataset
@@ -166,8 +198,10 @@ def train(
     version = current_version(workspace, dataset)
     captures = workspace / params.ingest.landing / "captures"
     report = validate_dataset(dataset, params.cell, params.validate, captures=captures)
-    folder = base or current_policy(params, params_path, workspace)["folder"]
-    result = fine_tune_and_register(params, workspace, folder, version, report.passed_batches)
+    folder = base or _production_policy(params, workspace, cell or params.cell.cell_id)
+    result = fine_tune_and_register(
+        params, workspace, folder, version, report.passed_batches, cell_id=cell
+    )
     emit(
         result,
         as_json,
@@ -176,6 +210,21 @@ def train(
             f"{r['model_version']} (MLflow run {r['mlflow_run_id']})"
         ),
     )
+
+
+def _production_policy(params, workspace: Path, cell_id: str) -> Path:
+    """The cell's production model, fetched and checked against the registry."""
+    from flows.cycle import base_folder, production_alias
+    from pipelines.training import download_policy, production_version
+
+    model = params.train.registered_model
+    production = production_version(model, production_alias(params, cell_id))
+    if production is None:
+        raise CommandError(
+            f"{cell_id}: no production model ({production_alias(params, cell_id)}); "
+            "pass --base PATH or run realloop deploy --initial"
+        )
+    return download_policy(model, production.version, base_folder(workspace, cell_id))
 
 
 @fails_cleanly

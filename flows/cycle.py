@@ -1,97 +1,107 @@
-"""What one loop cycle needs around its stages: which policy runs the line now, which
-ingested batches came from which trial logs, and the cycle summary people and scripts read."""
+"""What one loop cycle needs around its stages: which cells it serves, where each cell stands
+(its production model and the bundle its channel names), and the cycle summary that people
+and scripts read. Nothing here runs a cell: cells are met through the channel and the
+landing zone only."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 
 from pipelines.contract.params import Params
 
+CELLS_DIR = Path("models/cells")  # per cell: base/ (what its fine-tune starts from)
+NO_PRODUCTION = "no production model: run realloop deploy --initial"
 
-def production_alias(params: Params) -> str:
-    return f"{params.cell.cell_id}{params.promote.alias_suffix}"
+# What a cell's cycle ended with (`outcome` in the summary).
+PROMOTED, NOT_PROMOTED, INCOMPLETE = "promoted", "not promoted", "trials incomplete"
+SKIPPED, FAILED = "skipped", "failed"
 
 
-def current_policy(params: Params, params_path: Path, workspace: Path) -> dict:
-    """The incumbent: the registry's `<cell>-production` version; before the first promotion,
-    the policy pretrained in the calibrated sim (`cell pretrain --calibration`) if there is
-    one, else the sim policy (pretrained here if it does not exist yet)."""
-    from pipelines.training import download_policy, production_version
+def fleet_cells(params: Params, cell: str | None = None) -> list[str]:
+    """The cells a cycle serves: the one asked for, or every cell of `fleet.cells`."""
+    if cell is not None:
+        from edge.bundle import check_name
+        from edge.errors import EdgeError
 
-    production = production_version(params.train.registered_model, production_alias(params))
-    if production is not None:
-        folder = workspace / "models" / "production"
-        download_policy(params.train.registered_model, production.version, folder)
+        try:
+            return [check_name(cell, "cell id")]
+        except EdgeError as exc:
+            raise ValueError(str(exc)) from None
+    return list(params.fleet.cells)
+
+
+def production_alias(params: Params, cell_id: str | None = None) -> str:
+    """`<cell_id>-production` (default: cell.cell_id, the cell the single-cell commands use)."""
+    from pipelines.release import production_alias as alias_for
+
+    return alias_for(cell_id or params.cell.cell_id, params.promote)
+
+
+def base_folder(workspace: Path, cell_id: str) -> Path:
+    """Where a cell's fine-tune starts from: its production model, pinned here so that
+    `dvc repro finetune` reproduces the loop's fine-tuning from the same weights."""
+    return workspace / CELLS_DIR / cell_id / "base"
+
+
+def plan_cell(params: Params, workspace: Path, cell_id: str, batches: list[str]) -> dict:
+    """Where a cell stands: its production model (registry alias `<cell>-production`), pinned
+    as its fine-tune base, the incumbent bundle its CURRENT.json names, and its validated
+    batches among `batches`. `skip` says why a cell cannot run a cycle (then nothing else is
+    set)."""
+    from pipelines.release import channel_location
+    from pipelines.release.trials import incumbent_arm
+    from pipelines.training import download_policy, load_policy, production_version
+    from pipelines.training.retrain import cell_batches
+
+    model = params.train.registered_model
+    production = production_version(model, production_alias(params, cell_id))
+    if production is None:
+        return {"cell": cell_id, "skip": NO_PRODUCTION}
+    channel = channel_location(params.promote.channel, workspace)
+    try:
+        incumbent = incumbent_arm(channel, cell_id)
+    except ValueError as exc:  # the registry has a model, the channel does not
+        return {"cell": cell_id, "skip": str(exc)}
+    mine = cell_batches(workspace / params.ingest.dataset, batches, cell_id)
+    if not mine:
         return {
-            "folder": folder,
-            "source": "registry",
-            "model_version": production.version,
-            "policy_version": _policy_version(folder),
+            "cell": cell_id,
+            "skip": f"no validated logs from {cell_id} yet: nothing to train on",
         }
-    calibrated = workspace / params.pretrain.calibrated_out
-    if (calibrated / "config.json").is_file():  # pretrained in the sim calibrated to this line
-        return {
-            "folder": calibrated,
-            "source": "calibrated sim",
-            "model_version": None,
-            "policy_version": _policy_version(calibrated),
-        }
-    folder = workspace / params.pretrain.out
-    if not (folder / "config.json").is_file():
-        _pretrain_sim_policy(params, folder)
+    base = download_policy(model, production.version, base_folder(workspace, cell_id))
     return {
-        "folder": folder,
-        "source": "sim",
-        "model_version": None,
-        "policy_version": _policy_version(folder),
+        "cell": cell_id,
+        "skip": None,
+        "batches": mine,
+        "base": str(base),
+        "model_version": production.version,
+        "policy_version": load_policy(base).name,
+        "bundle_id": incumbent["bundle_id"],
+        "incumbent": incumbent,
     }
 
 
-BASE_POLICY = Path("models/base")  # what the last fine-tune started from; a dvc.yaml dep
-
-
-def pin_base_policy(folder: Path, workspace: Path) -> Path:
-    """Copy the policy a fine-tune starts from to models/base, so `dvc repro finetune`
-    reproduces the loop's fine-tuning from the same weights."""
-    from pipelines.training import load_policy, save_policy
-
-    return save_policy(load_policy(folder).net, workspace / BASE_POLICY)
-
-
-def _policy_version(folder: Path) -> str:
-    from pipelines.training import load_policy
-
-    return load_policy(folder).name
-
-
-def _pretrain_sim_policy(params: Params, folder: Path) -> None:
-    from pipelines.training import save_policy
-    from refcell.pretrain import pretrain
-    from refcell.world import load_world
-
-    save_policy(pretrain(load_world("sim"), params.cell, params.pretrain), folder)
-
-
-def sources_of(ingest_summary: dict, logs: dict[str, list[str]]) -> dict[str, list[str]]:
-    """Map each role's trial log paths to the sha256 of their ingested batches."""
-    by_path = {
-        str(Path(row["source"]).resolve()): row["sha256"]
-        for row in ingest_summary["ingested"] + ingest_summary["skipped"]
+def landed_since(reports: list[dict]) -> dict:
+    """Ingest counts over every ingest run of the cycle (the first and each poll)."""
+    return {
+        "episodes_ingested": sum(r["episodes_ingested"] for r in reports),
+        "files_ingested": sum(r["files_ingested"] for r in reports),
+        "files_quarantined": sum(r["files_quarantined"] for r in reports),
+        "quarantined": [q for r in reports for q in r["quarantined"]],
     }
-    missing = [p for paths in logs.values() for p in paths if str(Path(p).resolve()) not in by_path]
-    if missing:
-        raise ValueError(f"{missing[0]}: trial log was not ingested (see data/quarantine/)")
-    return {role: [by_path[str(Path(p).resolve())] for p in paths] for role, paths in logs.items()}
 
 
-def edge_channel_status(params: Params) -> dict | None:
-    """What the channel tells the cell's edge box to run (None before any promotion)."""
+def edge_channel_status(params: Params, cell_id: str, workspace: Path | None = None) -> dict | None:
+    """What the channel tells the cell's edge box to run (None before any publication)."""
     from edge.agent import fetch_bundle
     from edge.channels import open_channel
     from edge.errors import EdgeError
+    from pipelines.release import channel_location
 
     try:
-        bundle = fetch_bundle(open_channel(params.promote.channel), params.cell.cell_id)
+        channel = open_channel(channel_location(params.promote.channel, workspace))
+        bundle = fetch_bundle(channel, cell_id)
     except EdgeError:
         return None
     manifest = bundle.manifest
@@ -104,62 +114,79 @@ def edge_channel_status(params: Params) -> dict | None:
     }
 
 
-def summarize_cycle(
-    params: Params,
-    cycle: int,
-    incumbent: dict,
-    shift: dict,
-    ingested: dict,
-    after_trials: dict,
-    validation: dict,
-    trained: dict,
-    promotion: dict,
-) -> dict:
-    gate = trained["gate"]
+def cell_result(cell_id: str, dataset_version: str, steps: dict, error: str | None = None) -> dict:
+    """One cell's line of the cycle summary from what its branch produced (`steps`: plan,
+    trained, request, waited, gate, promotion, edge; each as far as the branch got)."""
+    plan, trained = steps.get("plan") or {}, steps.get("trained")
+    waited, gate, promotion = steps.get("waited"), steps.get("gate"), steps.get("promotion")
+    outcome, reason = _outcome(plan, waited, gate, promotion, error)
+    attempt = (waited or {}).get("attempt")
     return {
-        "cell": params.cell.cell_id,
-        "cycle": cycle,
-        "dataset_version": ingested["dataset_version"],
-        "dataset_version_with_trials": after_trials["dataset_version"],
-        "incumbent": {k: v for k, v in incumbent.items() if k != "folder"},
-        "collected": {
-            "episodes": shift["episodes"],
-            "logs": len(shift["files"]),
-            "captures": len(shift["captures"]),
-            "success_rate": shift["success_rate"],
-            "interventions": shift["interventions"],
-        },
-        "ingest": _ingest_counts(ingested["ingest"], after_trials["ingest"]),
-        "validation": {k: v for k, v in validation.items() if k != "passed_batches"},
-        "training": {k: v for k, v in trained.items() if k != "gate"},
-        "trials": {"candidate": gate["candidate"], "incumbent": gate["incumbent"]},
-        "gate": {"passed": gate["passed"], "reasons": gate["reasons"]},
+        "cell": cell_id,
+        "outcome": outcome,
+        "reason": reason,
+        "dataset_version": dataset_version,
+        "dataset_version_with_trials": (waited or {}).get("dataset_version"),
+        "incumbent": {k: plan.get(k) for k in ("model_version", "policy_version", "bundle_id")},
+        "training": trained,
+        "trial_request": steps.get("request"),
+        "attempt": None if attempt is None else attempt.as_dict(),
+        "waited_s": (waited or {}).get("waited_s"),
+        "trials": None if gate is None else {a: gate[a] for a in ("candidate", "incumbent")},
+        "gate": None if gate is None else {"passed": gate["passed"], "reasons": gate["reasons"]},
         "promotion": promotion,
-        "channel": params.promote.channel,
-        "edge": edge_channel_status(params),
+        "promoted_version": trained["model_version"] if outcome == PROMOTED else None,
+        "edge": steps.get("edge"),
     }
 
 
-def _ingest_counts(*reports: dict) -> dict:
+def _outcome(plan, waited, gate, promotion, error) -> tuple[str, str | None]:
+    if error is not None:
+        return FAILED, error
+    if plan.get("skip"):
+        return SKIPPED, plan["skip"]
+    if waited is not None and waited["state"] != "complete":
+        return INCOMPLETE, waited["reason"]
+    if promotion is not None and promotion["promoted"]:
+        return PROMOTED, promotion["reasons"][-1].removeprefix("promoted: ")
+    failed = [r for r in (gate or {}).get("reasons", []) if r.startswith("FAIL")]
+    return NOT_PROMOTED, "; ".join(failed) or "the gate did not pass"
+
+
+def summarize_cycle(
+    params: Params,
+    cycle: int,
+    started: datetime,
+    finished: datetime,
+    ingests: list[dict],
+    validation: dict,
+    cells: list[dict],
+    timings_s: dict,
+) -> dict:
     return {
-        "episodes_ingested": sum(r["episodes_ingested"] for r in reports),
-        "files_ingested": sum(r["files_ingested"] for r in reports),
-        "files_skipped": reports[0]["files_skipped"],
-        "files_quarantined": sum(r["files_quarantined"] for r in reports),
-        "quarantined": [q for r in reports for q in r["quarantined"]],
+        "cycle": cycle,
+        "started_at": started.isoformat(),
+        "finished_at": finished.isoformat(),
+        "dataset_version": ingests[0]["dataset_version"],
+        "dataset_version_after_trials": ingests[-1]["dataset_version"],
+        "ingest": landed_since([i["ingest"] for i in ingests]) | {"runs": len(ingests)},
+        "validation": {k: v for k, v in validation.items() if k != "passed_batches"},
+        "channel": params.promote.channel,
+        "cells": cells,
+        "timings_s": {k: round(v, 2) for k, v in timings_s.items()},
     }
 
 
 def print_cycle(summary: dict, print_line) -> None:
-    """The human summary: one short block per stage."""
+    """The human summary: the data, then one row per cell."""
     from rich.table import Table
 
-    ingest, validation, training = summary["ingest"], summary["validation"], summary["training"]
-    print_line(f"[bold]cycle {summary['cycle']}[/] on {summary['cell']}")
+    ingest, validation = summary["ingest"], summary["validation"]
+    print_line(f"[bold]cycle {summary['cycle']}[/]: {len(summary['cells'])} cell(s)")
     print_line(
         f"dataset {summary['dataset_version']}: {ingest['episodes_ingested']} episodes "
-        f"ingested from {ingest['files_ingested']} logs, {ingest['files_quarantined']} "
-        "quarantined"
+        f"ingested from {ingest['files_ingested']} logs in {ingest['runs']} ingest runs, "
+        f"{ingest['files_quarantined']} quarantined"
     )
     for row in ingest["quarantined"]:
         print_line(f"  quarantined {row['source']}: {row['reason']}")
@@ -167,34 +194,35 @@ def print_cycle(summary: dict, print_line) -> None:
         f"validation: {validation['passed']} of {validation['batches']} batches passed; "
         f"excluded from training: {len(validation['excluded_from_training'])}"
     )
-    if validation.get("data_docs"):
-        print_line(f"  Data Docs: {validation['data_docs']}")
-    print_line(
-        f"fine-tune: MLflow run {training['mlflow_run_id']}, "
-        f"{training['registered_model']} version {training['model_version']}"
-    )
-    table = Table(title="hardware trials on the line")
-    for column in ("policy", "n", "success", "95% interval", "safety stops", "p95 cycle (s)"):
+    table = Table(title="per cell")
+    for column in ("cell", "dataset", "candidate", "incumbent", "gate", "result"):
         table.add_column(column)
-    for role, row in summary["trials"].items():
-        low, high = row["interval"]
+    for cell in summary["cells"]:
+        trials = cell["trials"] or {}
         table.add_row(
-            f"{role} ({row['policy']})",
-            str(row["n"]),
-            f"{row['success_rate']:.1%}",
-            f"{low:.1%}–{high:.1%}",
-            str(row["safety_stops"]),
-            "-" if row["p95_cycle_time_s"] is None else f"{row['p95_cycle_time_s']:.2f}",
+            cell["cell"],
+            (cell["dataset_version"] or "-")[:12],
+            _trial_cell(trials.get("candidate")),
+            _trial_cell(trials.get("incumbent")),
+            "-" if cell["gate"] is None else ("PASSED" if cell["gate"]["passed"] else "FAILED"),
+            _result_cell(cell),
         )
     print_line(table)
-    verdict = "[green]PASSED[/]" if summary["gate"]["passed"] else "[red]FAILED[/]"
-    print_line(f"gate {verdict}")
-    for reason in summary["gate"]["reasons"]:
-        print_line(f"  {reason}")
-    edge = summary["edge"]
-    runs = (
-        f"{edge['model_name']} version {edge['model_version']} (bundle {edge['bundle_id']})"
-        if edge
-        else "nothing yet"
-    )
-    print_line(f"edge channel {summary['channel']}: cell {summary['cell']} runs {runs}")
+    for cell in summary["cells"]:
+        for reason in (cell["gate"] or {}).get("reasons", []):
+            print_line(f"  {cell['cell']} gate: {reason}")
+        if cell["reason"]:
+            print_line(f"  {cell['cell']} {cell['outcome']}: {cell['reason']}")
+
+
+def _trial_cell(stats: dict | None) -> str:
+    if stats is None:
+        return "-"
+    low, high = stats["interval"]
+    return f"{stats['successes']}/{stats['n']} {stats['success_rate']:.0%} ({low:.0%}–{high:.0%})"
+
+
+def _result_cell(cell: dict) -> str:
+    if cell["outcome"] == PROMOTED:
+        return f"promoted version {cell['promoted_version']}"
+    return cell["outcome"]

@@ -1,54 +1,43 @@
-"""The retraining loop, one cycle, top to bottom like the diagram in the design notes:
+"""The retraining loop: one cycle for one cell, or for every cell of `fleet.cells`.
 
-collect a shift with the production policy → ingest (subflow) → validate → fine-tune →
-hardware trials of candidate and incumbent (ingested too: trials are data) → gate → promote.
+    ingest what the cells uploaded (all cells, once) → validate
+      → per cell: plan (its production model, the bundle its channel names)
+                  → fine-tune on the cell's batches → upload the candidate → request trials
+      → await the trials of every cell at once (subflow `await-trials`)
+      → per cell: gate on the request's complete attempt → promote (channel path and alias)
 
-Tasks are thin: each calls one stage function from pipelines/ (or the reference cell, which
-stands in for the physical line) and returns plain JSON-able dicts for the summary.
+The loop never runs a cell: it reaches cells only through the edge channel (candidates and
+trial requests out) and hears from them only through the landing zone (docs/operations.md).
+Each per-cell stage is one task per cell still in the cycle (mapped, except fine-tuning: one
+cell at a time); a cell whose task fails ends "failed" with its one-line reason, and the
+other cells carry on. Tasks are thin:
+each calls one stage function from pipelines/ and returns plain values for the summary.
 """
 
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
-from prefect import flow, task
+from prefect import flow, get_run_logger, task, unmapped
+from prefect.cache_policies import NO_CACHE
 
 from flows import cycle
+from flows.console import progress_bar
 from flows.ingest import ingest_flow
 from pipelines.contract.params import Params, load_params
+from pipelines.release import trials
 
 CYCLES = Path(".realloop/cycles.jsonl")  # one summary per finished cycle, in the workspace
+# Channel writes (S3 or a mount) may fail transiently; each of these tasks is idempotent.
+CHANNEL_IO = {"retries": 2, "retry_delay_seconds": 5, "cache_policy": NO_CACHE}
+THIN = {"cache_policy": NO_CACHE}  # stage results are never reused across runs
 
 
-@task(name="collect")
-def collect(
-    params_path: Path,
-    policy: Path,
-    landing: Path,
-    seed: int,
-    start: datetime,
-    episodes: int,
-    progress: bool = False,
-) -> dict:
-    """Record a shift on the line with the production policy, operator on."""
-    from flows.cell import run_record
-
-    params = load_params(params_path)
-    return run_record(
-        str(policy),
-        episodes,
-        landing,
-        seed,
-        params.collect.interventions,
-        start.isoformat(),
-        params_path,
-        progress=progress,
-    )
-
-
-@task(name="validate")
+@task(name="validate", **THIN)
 def validate(params: Params, workspace: Path, sources: list[str]) -> dict:
     """The suites over each batch without a stored result, admissions honoured; results and
     Data Docs written for the dataset version `<dataset>.dvc` records (`data_docs`)."""
@@ -66,75 +55,89 @@ def validate(params: Params, workspace: Path, sources: list[str]) -> dict:
     return report.as_dict() | {"passed_batches": report.passed_batches}
 
 
-@task(name="fine-tune")
+@task(name="plan-cell", task_run_name="plan {cell_id}", **THIN)
+def plan_cell(params: Params, workspace: Path, cell_id: str, batches: list[str]) -> dict:
+    return cycle.plan_cell(params, workspace, cell_id, batches)
+
+
+@task(name="fine-tune", task_run_name="fine-tune {cell_id}", **THIN)
 def fine_tune(
-    params: Params, workspace: Path, base: Path, dataset_version: str, batches: list[str]
+    params: Params,
+    workspace: Path,
+    cell_id: str,
+    plan: dict,
+    dataset_version: str,
 ) -> dict:
+    """A candidate from the cell's production model, trained on the cell's batches only."""
     from pipelines.training import fine_tune_and_register
 
-    return fine_tune_and_register(params, workspace, base, dataset_version, batches)
+    base, batches = Path(plan["base"]), plan["batches"]
+    return fine_tune_and_register(params, workspace, base, dataset_version, batches, cell_id)
 
 
-@task(name="hardware-trials")
-def hardware_trials(
-    params_path: Path,
-    policy: Path,
-    landing: Path,
-    seed: int,
-    start: datetime,
-    progress: bool = False,
+@task(name="upload-candidate", task_run_name="upload candidate {cell_id}", **CHANNEL_IO)
+def upload_candidate(params: Params, workspace: Path, cell_id: str, trained: dict) -> dict:
+    """The candidate's bundle on the cell's channel path; CURRENT.json does not move."""
+    folder = Path(trained["policy_folder"])
+    channel = _channel(params, workspace)
+    return trials.upload_candidate(channel, cell_id, folder, trained, workspace=workspace)
+
+
+@task(name="request-trials", task_run_name="request trials {cell_id}", **CHANNEL_IO)
+def request_trials(params: Params, workspace: Path, cell_id: str, request: dict) -> dict:
+    return trials.publish_trial_request(_channel(params, workspace), request)
+
+
+@task(name="check-trials", **THIN)
+def check_trials(params: Params, workspace: Path, requests: dict[str, dict]) -> dict:
+    return trials.check_requests(workspace / params.ingest.dataset, requests)
+
+
+@task(name="withdraw-trials", task_run_name="withdraw trials {cell_id}", **CHANNEL_IO)
+def withdraw_trials(
+    params: Params, workspace: Path, cell_id: str, request: dict, reason: str
+) -> bool:
+    return trials.withdraw_trial_request(_channel(params, workspace), request, reason)
+
+
+# Retried once: recording the verdict is idempotent, and the registry's SQLite file may be
+# busy with another cell's write.
+@task(name="gate", task_run_name="gate {cell_id}", retries=1, retry_delay_seconds=2, **THIN)
+def gate(
+    params: Params,
+    workspace: Path,
+    cell_id: str,
+    trained: dict,
+    request: dict,
+    attempt: trials.Attempt,
 ) -> dict:
-    """N line episodes without the operator, logged like any shift so they are ingested."""
-    from flows.cell import run_record
-
-    params = load_params(params_path)
-    return run_record(
-        str(policy),
-        params.trials.episodes,
-        landing,
-        seed,
-        False,
-        start.isoformat(),
-        params_path,
-        progress=progress,
-    )
-
-
-@task(name="gate")
-def gate(params: Params, workspace: Path, trained: dict, trials: dict[str, list[str]]) -> dict:
-    """Judge the candidate on its trial logs; store the record with the model version."""
-    from pipelines.ingest import read_dataset
-    from pipelines.release import decide, trial_stats
+    """Judge the complete attempt's episodes, arm against arm; keep the record with the
+    candidate's model version."""
     from pipelines.training import record_gate
 
     dataset = workspace / params.ingest.dataset
-    stats = {
-        role: trial_stats(read_dataset(dataset, sources)[0], params.gate.confidence)
-        for role, sources in trials.items()
-    }
-    decision = decide(stats["candidate"], stats["incumbent"], params.gate.cycle_time_budget_s)
-    record = decision.as_record() | {"trial_sources": trials}
-    record_gate(
-        params.train.registered_model,
-        trained["model_version"],
-        record,
-        trained["mlflow_run_id"],
-    )
+    record = trials.judge_attempt(dataset, request, attempt, params.gate)
+    model, version = params.train.registered_model, trained["model_version"]
+    record_gate(model, version, record, trained["mlflow_run_id"])
     return record
 
 
-@task(name="promote")
-def promote(params: Params, workspace: Path, trained: dict, gate_record: dict) -> dict:
+@task(name="promote", task_run_name="promote {cell_id}", **CHANNEL_IO)
+def promote(
+    params: Params, workspace: Path, cell_id: str, trained: dict, gate_record: dict
+) -> dict:
+    """On a pass: the gated version (the trialled weights, checked against the registry) as
+    a bundle on the cell's channel path, then its alias; on a fail, nothing."""
     from pipelines.release import promote as promote_model
 
     result = promote_model(
         gate_record,
-        params.cell,
+        cell_id,
         params.promote,
         params.train.registered_model,
         trained["model_version"],
         trained["mlflow_run_id"],
-        workspace / params.train.out,
+        Path(trained["policy_folder"]),
         trained["dataset_version"],
     )
     return result.as_dict()
@@ -142,55 +145,226 @@ def promote(params: Params, workspace: Path, trained: dict, gate_record: dict) -
 
 @flow(name="retrain-loop")
 def loop_flow(
-    params_path: str = "params.yaml", workspace: str = ".", progress: bool = False
+    params_path: str = "params.yaml",
+    workspace: str = ".",
+    cell: str | None = None,
+    source: str | None = None,
+    progress: bool = False,
 ) -> dict:
-    """One cycle of the continual-retraining loop; returns the loop summary. `progress` draws
-    bars on stderr (the command line's, not under --json)."""
-    root = Path(workspace).resolve()
-    params = load_params(params_path)
-    index = _cycles_done(root)
-    landing = root / params.ingest.landing
-    start = datetime.now(UTC).replace(microsecond=0)
-
-    incumbent = cycle.current_policy(params, Path(params_path), root)
-    shift = collect(
-        Path(params_path),
-        incumbent["folder"],
-        landing,
-        params.collect.seed + index,
-        start,
-        params.collect.episodes,
-        progress,
-    )
-    ingested = ingest_flow(params_path, str(root), progress=progress)
+    """One cycle for `cell`, or for every cell of fleet.cells; returns the cycle summary.
+    `source` is what ingest reads (default: the landing folder); `progress` draws bars on
+    stderr (the command line's, not under --json)."""
+    root, params = Path(workspace).resolve(), load_params(params_path)
+    fleet = _Fleet(cycle.fleet_cells(params, cell))
+    ingested = ingest_flow(params_path, str(root), source=source, progress=progress)
+    fleet.lap("ingest")
     validation = validate(params, root, _all_batches(root, params))
-    base = cycle.pin_base_policy(incumbent["folder"], root)
-    trained = fine_tune(
-        params, root, base, ingested["dataset_version"], validation["passed_batches"]
-    )
-    trial_logs = {}
-    for offset, (role, folder) in enumerate(
-        (("candidate", root / params.train.out), ("incumbent", incumbent["folder"])), start=1
-    ):
-        recorded = hardware_trials(
-            Path(params_path),
-            folder,
-            landing,
-            params.trials.seed + index,
-            start + timedelta(hours=offset),
-            progress,
-        )
-        trial_logs[role] = recorded["files"]
-    after_trials = ingest_flow(params_path, str(root), progress=progress)
-    trial_sources = cycle.sources_of(after_trials["ingest"], trial_logs)
-    decision = gate(params, root, trained, trial_sources)
-    trained["gate"] = decision
-    promotion = promote(params, root, trained, decision)
+    fleet.lap("validate")
+    _start_cells(fleet, params, root, ingested["dataset_version"], validation["passed_batches"])
+    requests = {c: fleet.steps[c]["request"] for c in fleet.going()}
+    waited = await_trials(params_path, str(root), requests, source, progress) if requests else {}
+    for cell_id, outcome in waited.get("outcomes", {}).items():
+        fleet.steps[cell_id]["waited"] = outcome
+    fleet.lap("await trials")
+    _finish_cells(fleet, params, root)
     summary = cycle.summarize_cycle(
-        params, index, incumbent, shift, ingested, after_trials, validation, trained, promotion
+        params,
+        _cycles_done(root),
+        fleet.started,
+        datetime.now(UTC),
+        [ingested, *waited.get("ingests", [])],
+        validation,
+        [
+            cycle.cell_result(c, ingested["dataset_version"], fleet.steps[c], fleet.errors.get(c))
+            for c in fleet.cells
+        ],
+        fleet.timings,
     )
     _record_cycle(root, summary)
     return summary
+
+
+def _start_cells(
+    fleet: _Fleet, params: Params, root: Path, dataset_version: str, batches: list[str]
+) -> None:
+    """Per cell: plan → fine-tune → upload the candidate → publish its trial request."""
+    common = (unmapped(params), unmapped(root))
+    cells = fleet.going()
+    fleet.settle("plan", cells, plan_cell.map(*common, cells, unmapped(batches)))
+    fleet.lap("plan")
+    cells = fleet.going()
+    # One at a time: the cells share the CPU (or GPU), and MLflow registers a dataset
+    # version's input once per experiment with a check-then-insert that concurrent runs of
+    # the same version break ("UNIQUE constraint failed: datasets...", seen with two cells).
+    trained = []
+    for cell_id in cells:
+        plan = fleet.steps[cell_id]["plan"]
+        trained.append(fine_tune.submit(params, root, cell_id, plan, dataset_version))
+        trained[-1].wait()
+    fleet.settle("trained", cells, trained)
+    fleet.lap("fine-tune")
+    cells = fleet.going()
+    trained = [fleet.steps[c]["trained"] for c in cells]
+    fleet.settle("candidate", cells, upload_candidate.map(*common, cells, trained))
+    cells = fleet.going()
+    # The request ids are made here, once: a retried publish rewrites the same request.
+    documents = [
+        trials.new_trial_request(
+            c, fleet.steps[c]["candidate"], fleet.steps[c]["plan"]["incumbent"], params.trials
+        )
+        for c in cells
+    ]
+    fleet.settle("request", cells, request_trials.map(*common, cells, documents))
+    fleet.lap("request trials")
+
+
+def _finish_cells(fleet: _Fleet, params: Params, root: Path) -> None:
+    """Per cell whose trials completed: gate → promote. Then what each channel names."""
+    common = (unmapped(params), unmapped(root))
+    cells = [c for c in fleet.going() if fleet.steps[c]["waited"]["state"] == "complete"]
+    steps = [fleet.steps[c] for c in cells]
+    fleet.settle(
+        "gate",
+        cells,
+        gate.map(
+            *common,
+            cells,
+            [s["trained"] for s in steps],
+            [s["request"] for s in steps],
+            [s["waited"]["attempt"] for s in steps],
+        ),
+    )
+    fleet.lap("gate")
+    cells = [c for c in cells if c not in fleet.errors]
+    steps = [fleet.steps[c] for c in cells]
+    fleet.settle(
+        "promotion",
+        cells,
+        promote.map(*common, cells, [s["trained"] for s in steps], [s["gate"] for s in steps]),
+    )
+    fleet.lap("promote")
+    for cell_id in fleet.cells:
+        fleet.steps[cell_id]["edge"] = cycle.edge_channel_status(params, cell_id, root)
+
+
+@flow(name="await-trials")
+def await_trials(
+    params_path: str,
+    workspace: str,
+    requests: dict[str, dict],
+    source: str | None = None,
+    progress: bool = False,
+) -> dict:
+    """Wait until every request is complete or past its deadline; withdraw those past it.
+
+    Every `trials.poll_s`: ingest what landed (all cells, one run), then check each open
+    request against the episodes table. No task runs between polls, so the wait holds no
+    worker. A request not complete at its deadline (`trials.timeout_s` after it was made) is
+    withdrawn from the channel and its cell's cycle ends "trials incomplete"."""
+    root, params = Path(workspace), load_params(params_path)
+    pending, outcomes, ingests = dict(requests), {}, []
+    next_poll = time.monotonic() + params.trials.poll_s
+    with progress_bar(progress) as update:
+        while pending:
+            _sleep_until(next_poll, pending)
+            next_poll = time.monotonic() + params.trials.poll_s
+            ingests += _poll_ingest(params_path, workspace, source)
+            found = check_trials(params, root, pending)
+            now = datetime.now(UTC)
+            for cell_id, request in list(pending.items()):
+                attempt, counts = found[cell_id]["attempt"], found[cell_id]["progress"]
+                update(f"trials {cell_id}", min(counts.values()), request["episodes_per_arm"])
+                state = trials.poll_state(request, attempt, now)
+                if state == "waiting":
+                    continue
+                outcomes[cell_id] = _waited(request, state, attempt, counts, now, ingests)
+                if state == "timed out":
+                    reason = outcomes[cell_id]["reason"]
+                    withdraw_trials(params, root, cell_id, request, reason)
+                del pending[cell_id]
+    return {"outcomes": outcomes, "ingests": ingests}
+
+
+def _poll_ingest(params_path: str, workspace: str, source: str | None) -> list[dict]:
+    """One ingest run; a failed one (an unreachable landing zone) is reported and the wait
+    goes on: the next poll tries again, and the deadline still holds."""
+    state = ingest_flow(params_path, workspace, source=source, return_state=True)
+    if state.is_completed():
+        return [state.result()]
+    reason = str(state.result(raise_on_failure=False)).splitlines()[0]
+    get_run_logger().warning("ingest while waiting for trials failed: %s; retrying", reason)
+    return []
+
+
+def _sleep_until(next_poll: float, pending: dict[str, dict]) -> None:
+    """Until the next poll, or sooner when a deadline comes first (then the last look)."""
+    now = datetime.now(UTC)
+    to_deadline = min(
+        (trials.parse_time(r["deadline"]) - now).total_seconds() for r in pending.values()
+    )
+    time.sleep(max(0.0, min(next_poll - time.monotonic(), to_deadline)))
+
+
+def _waited(request, state, attempt, counts, now, ingests) -> dict:
+    waited_s = (now - trials.parse_time(request["created_at"])).total_seconds()
+    if state == "complete":
+        reason = None
+    else:
+        wanted = request["episodes_per_arm"]
+        got = ", ".join(f"{n}/{wanted} {arm}" for arm, n in counts.items())
+        reason = (
+            f"request {request['request_id']} not complete by its deadline "
+            f"{request['deadline']} (best attempt: {got}); withdrawn, nothing promoted"
+        )
+    return {
+        "state": state,
+        "reason": reason,
+        "attempt": attempt,
+        "waited_s": round(waited_s, 1),
+        "dataset_version": ingests[-1]["dataset_version"] if ingests else None,
+    }
+
+
+@dataclass
+class _Fleet:
+    """The cells of one cycle: what each cell's branch produced, which failed and why, and
+    the wall time of each stage (all cells together)."""
+
+    cells: list[str]
+    steps: dict[str, dict] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    started: datetime = field(default_factory=lambda: datetime.now(UTC))
+    _start: float = field(default_factory=time.monotonic)
+    _mark: float = field(default_factory=time.monotonic)
+
+    def __post_init__(self) -> None:
+        self.steps = {c: {} for c in self.cells}
+
+    def going(self) -> list[str]:
+        """Cells still in the cycle: not failed, not skipped."""
+        return [
+            c
+            for c in self.cells
+            if c not in self.errors and not (self.steps[c].get("plan") or {}).get("skip")
+        ]
+
+    def settle(self, step: str, cells: list[str], futures) -> None:
+        """Wait for one stage's tasks; keep each cell's result, or its one-line error."""
+        for cell_id, future in zip(cells, futures, strict=True):
+            future.wait()
+            state = future.state
+            if state.is_completed():
+                self.steps[cell_id][step] = future.result()
+            else:
+                error = state.result(raise_on_failure=False)
+                self.errors[cell_id] = f"{step}: {str(error).splitlines()[0] if error else state}"
+
+    def lap(self, stage: str) -> None:
+        now = time.monotonic()
+        self.timings[stage] = now - self._mark
+        self.timings["total"] = now - self._start
+        self._mark = now
 
 
 def _cycles_done(root: Path) -> int:
@@ -207,3 +381,9 @@ def _record_cycle(root: Path, summary: dict) -> None:
 
 def _all_batches(root: Path, params: Params) -> list[str]:
     return sorted(p.stem for p in (root / params.ingest.dataset / "episodes").glob("*.parquet"))
+
+
+def _channel(params: Params, workspace: Path) -> str:
+    from pipelines.release import channel_location
+
+    return channel_location(params.promote.channel, workspace)

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,8 @@ def test_the_contracts_hold_on_this_tree(tree_copy: Path):
         ("pipelines/ingest/sources.py", "import pipelines.training", "a later stage"),
         ("pipelines/quality/drift/report.py", "import pipelines.calibrate", "a later stage"),
         ("refcell/world.py", "import flows.cli", "flows -> refcell"),
+        ("flows/loop.py", "import refcell.world", "only through storage"),
+        ("flows/ingest.py", "import flows.cell", "only through storage"),
         ("pipelines/ingest/decoded.py", "import pipelines.ingest.store", "No import cycles"),
     ],
 )
@@ -62,6 +65,15 @@ def test_a_change_that_breaks_a_contract_fails(tree_copy: Path, module, line, co
     assert "BROKEN" in result.stdout
     broken = [row for row in result.stdout.splitlines() if row.endswith(" BROKEN")]
     assert any(contract in row for row in broken), result.stdout
+
+
+def test_every_orchestrator_module_is_held_to_the_storage_boundary():
+    """A new flows module must be listed in the boundary contract (or be a cell command)."""
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    boundary = next(c for c in contracts["contracts"] if "only through storage" in c["name"])
+    modules = {f"flows.{path.stem}" for path in (ROOT / "flows").glob("*.py")}
+    cell_side = {"flows.__init__", "flows.cell", "flows.cli"}
+    assert modules - cell_side == set(boundary["source_modules"])
 
 
 def python_files():

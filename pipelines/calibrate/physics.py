@@ -1,6 +1,6 @@
 """Physical parameters by replaying logged drive commands in the sim and fitting the logs.
 
-The sim is reached through `Simulator` (flows hands in refcell's): it replays windows of
+The sim is reached through `Simulator` (a plug-in params.yaml names): it replays windows of
 episodes open loop, with candidate physics, from the state the logs show at each window's
 start. Three fits, each a grid over the candidates followed by a parabola through the best
 point and its neighbours:
@@ -59,7 +59,13 @@ class ReplayResult:
 
 
 class Simulator(Protocol):
-    pusher_radius_m: float
+    """What calibration needs of a simulator (docs/calibration.md: plugging in your own).
+
+    `replay` rolls every window of `batch` out open loop once per candidate in `physics` (a
+    world file's `physics` keys), applying `batch.applied[:, k]` during control step k, and
+    returns one ReplayResult per candidate, in order."""
+
+    pusher_radius_m: float  # the tool's radius: where it touches the part
 
     def replay(
         self, physics: Sequence[Mapping[str, float]], batch: ReplayBatch

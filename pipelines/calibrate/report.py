@@ -16,7 +16,7 @@ from pipelines.calibrate.sensing import Estimate, lighting, reference_part_episo
 
 HEADER = """\
 # The line as its logs show it, for the simulation team (written by `realloop calibrate`).
-# world: estimates under the same keys and units as a refcell world file.
+# world: estimates under the same keys and units as the simulator's world file.
 # uncertainty: standard error per estimate (null: the logs do not identify it; see
 #   identified and derived, and docs/calibration.md).
 # randomization: uniform ranges to pretrain with (`realloop cell pretrain --calibration`).

@@ -7,10 +7,17 @@ copy of a default. Unknown or missing keys are errors, so a typo cannot silently
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import yaml
-from pydantic import ConfigDict, TypeAdapter, ValidationError
+from pydantic import (
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    StringConstraints,
+    TypeAdapter,
+    ValidationError,
+)
 from pydantic.dataclasses import dataclass
 
 T = TypeVar("T")
@@ -134,8 +141,19 @@ class TrainParams:
 
 @dataclass(frozen=True, config=_STRICT)
 class TrialsParams:
-    episodes: int
+    episodes: int  # per arm, in one attempt (docs/operations.md, the cell contract)
     seed: int
+    timeout_s: PositiveFloat  # a request not complete by then is withdrawn: no promotion
+    poll_s: PositiveFloat  # the loop ingests and checks for completion this often
+
+
+# A cell id names the cell's channel path and registry alias (edge.bundle's safe names).
+CellId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
+
+
+@dataclass(frozen=True, config=_STRICT)
+class FleetParams:
+    cells: Annotated[tuple[CellId, ...], Field(min_length=1)]  # `realloop loop` without --cell
 
 
 @dataclass(frozen=True, config=_STRICT)
@@ -204,6 +222,15 @@ class CalibrateParams:
 
 
 @dataclass(frozen=True, config=_STRICT)
+class SimulatorParams:
+    """The simulator the pipeline uses where it needs one, as plug-ins named by import path
+    (`package.module:name`, loaded by flows.plugins): the pipeline never imports a simulator."""
+
+    replay: str  # called with CellParams: a pipelines.calibrate Simulator (calibration replays)
+    world: str  # called with no arguments: the sim's world as a dict (a world file's keys)
+
+
+@dataclass(frozen=True, config=_STRICT)
 class Params:
     cell: CellParams
     pretrain: PretrainParams
@@ -213,12 +240,14 @@ class Params:
     validate: ValidateParams
     train: TrainParams
     trials: TrialsParams
+    fleet: FleetParams
     gate: GateParams
     promote: PromoteParams
     serve: ServeParams
     drift: DriftParams
     triage: TriageParams
     calibrate: CalibrateParams
+    simulator: SimulatorParams
 
 
 def load_params(path: str | Path = DEFAULT_PARAMS) -> Params:

@@ -60,8 +60,16 @@ EPISODES_SCHEMA = pa.schema(
         pa.field("edge_case", pa.bool_(), nullable=False),
         pa.field("edge_case_reasons", pa.list_(pa.string())),
         pa.field("attachments", pa.list_(pa.string())),  # sha256 of content-addressed files
+        # Hardware trials (docs/operations.md, section 3), null on production episodes. Last
+        # in the table: files written before they existed read back with them null.
+        pa.field("trial_request_id", pa.string()),
+        pa.field("trial_arm", pa.string()),  # TRIAL_ARMS
+        pa.field("trial_attempt", pa.string()),
     ]
 )
+# The `realloop.cell` metadata keys a trial log adds, copied into the same-named columns.
+TRIAL_COLUMNS = ("trial_request_id", "trial_arm", "trial_attempt")
+TRIAL_ARMS = ("candidate", "incumbent")
 
 STEPS_SCHEMA = pa.schema(
     [

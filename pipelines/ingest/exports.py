@@ -20,6 +20,7 @@ from pipelines.ingest.tables import (
     _finish_episodes,
     _numeric_matrix,
     _vectors,
+    check_trial_columns,
     conform,
 )
 
@@ -225,6 +226,7 @@ def build_export_tables(
         [f"rows={a}-{b - 1}" for a, b in zip(firsts, lasts, strict=True)], pa.string()
     )
     episodes = _finish_episodes(columns, len(firsts), provenance)
+    check_trial_columns(episodes)
     steps = conform(rows.select(["episode_id", *EXPORT_STEP_COLUMNS]), schema.STEPS_SCHEMA, "steps")
     return episodes, steps
 

@@ -22,7 +22,13 @@ from pipelines.ingest.decoded import (
     DecodedLog,
     check_channels,
 )
-from pipelines.ingest.tables import Provenance, _finish_episodes, _vectors, conform
+from pipelines.ingest.tables import (
+    Provenance,
+    _finish_episodes,
+    _vectors,
+    conform,
+    trial_problem,
+)
 
 
 @dataclass
@@ -63,7 +69,8 @@ def build_tables(
 
 
 def cell_metadata(log: DecodedLog) -> dict[str, str]:
-    """The `realloop.cell` metadata record: provenance and the control rate."""
+    """The `realloop.cell` metadata record: provenance, the control rate and, in a trial
+    log, the trial's request, arm and attempt (all three or none)."""
     meta = log.metadata.get(schema.METADATA_NAME)
     if meta is None:
         found = ", ".join(sorted(log.metadata)) or "none"
@@ -80,6 +87,9 @@ def cell_metadata(log: DecodedLog) -> dict[str, str]:
         hz = 0
     if hz <= 0:
         raise ContractViolation(f"metadata control_hz={meta['control_hz']!r} is not a positive int")
+    problem = trial_problem(meta)
+    if problem:
+        raise ContractViolation(f"metadata '{schema.METADATA_NAME}': {problem}")
     return meta
 
 
@@ -308,6 +318,7 @@ def _episodes_table(
     columns = {
         "episode_id": [e.episode_id for e in episodes],
         **{key: [meta[key]] * n for key in METADATA_KEYS if key != "control_hz"},
+        **{key: pa.array([meta.get(key)] * n, pa.string()) for key in schema.TRIAL_COLUMNS},
         "source_chunk": [_byte_range(log.chunks, e.start_ns, e.end_ns) for e in episodes],
         "start_time": pa.array(np.array(starts, dtype=np.int64), pa.int64()).cast(
             pa.timestamp("ns", tz="UTC")

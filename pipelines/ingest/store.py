@@ -242,12 +242,22 @@ def dataset_content_hash(dataset: Path, exclude: Iterable[str] = RUN_COLUMNS) ->
             table = read_table(path, schema.EPISODES_SCHEMA).drop_columns(list(exclude))
             rows = table.select([n for n in table.schema.names if n != "start_time"]).to_pylist()
             starts = table.column("start_time").cast(pa.int64()).to_pylist()
-            text = json.dumps([r | {"start_time": s} for r, s in zip(rows, starts, strict=True)])
+            text = json.dumps(
+                [
+                    _without_null_trial(r) | {"start_time": s}
+                    for r, s in zip(rows, starts, strict=True)
+                ]
+            )
             digest = hashlib.sha256(text.encode()).hexdigest()
         else:
             digest = sha256_file(path)
         h.update(f"{relative}\0{digest}\n".encode())
     return h.hexdigest()
+
+
+def _without_null_trial(row: dict) -> dict:
+    """A production row hashes as it did before the trial columns existed."""
+    return {k: v for k, v in row.items() if v is not None or k not in schema.TRIAL_COLUMNS}
 
 
 # --- Parquet files --------------------------------------------------------------------------
@@ -354,7 +364,10 @@ def _remove_old(folder: Path, pattern: str) -> None:
 
 
 def read_dataset(dataset: Path, sources: list[str] | None = None) -> tuple[pa.Table, pa.Table]:
-    """(episodes, steps) of the fully ingested sources, all or only the given sha256s."""
+    """(episodes, steps) of the fully ingested sources, all or only the given sha256s.
+
+    Files written before a nullable column joined the contract (the trial columns) read back
+    with that column null: `read_table` reads against the contract's schema."""
     dataset = Path(dataset)
     episodes_dir, steps_dir = dataset / EPISODES_DIR, dataset / STEPS_DIR
     if sources is None:

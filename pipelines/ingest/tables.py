@@ -48,6 +48,35 @@ def _finish_episodes(columns: dict, n: int, prov: Provenance) -> pa.Table:
     return conform(table, schema.EPISODES_SCHEMA, "episodes")
 
 
+def trial_problem(values: dict) -> str | None:
+    """What is wrong with a row's trial fields (schema.TRIAL_COLUMNS), or None: a trial
+    episode names its request, arm and attempt, a production episode none of them."""
+    given = [name for name in schema.TRIAL_COLUMNS if values.get(name) is not None]
+    if not given:
+        return None
+    lacking = [name for name in schema.TRIAL_COLUMNS if not values.get(name)]
+    if lacking:
+        return (
+            f"trial fields incomplete: {', '.join(lacking)} missing or empty "
+            f"(a trial log names all of {', '.join(schema.TRIAL_COLUMNS)})"
+        )
+    arm = values["trial_arm"]
+    if arm not in schema.TRIAL_ARMS:
+        return f"trial_arm {arm!r} is not one of {', '.join(schema.TRIAL_ARMS)}"
+    return None
+
+
+def check_trial_columns(episodes: pa.Table) -> None:
+    """trial_problem of every episode row; ContractViolation naming the first episode."""
+    if all(episodes.column(n).null_count == episodes.num_rows for n in schema.TRIAL_COLUMNS):
+        return  # production episodes only: the common case, no row loop
+    rows = episodes.select(["episode_id", *schema.TRIAL_COLUMNS]).to_pylist()
+    for row in rows:
+        problem = trial_problem(row)
+        if problem:
+            raise ContractViolation(f"episode {row['episode_id']}: {problem}")
+
+
 def _vectors(values: np.ndarray, null: np.ndarray | None = None) -> pa.FixedSizeListArray:
     values = np.ascontiguousarray(values, dtype=np.float32)
     flat = pa.array(values.reshape(-1), pa.float32())

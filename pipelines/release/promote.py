@@ -3,8 +3,8 @@
 No gate, no promotion: on a failed (or malformed) gate decision nothing is published and the
 registry alias stays where it was. On a pass the policy's two files are published as a bundle
 for the cell (edge.channels.publish_bundle: every file with its sha256, then the cell's
-CURRENT.json pointer in one atomic write), and then the registry alias `<cell_id><suffix>` is
-moved to the version.
+CURRENT.json pointer in one atomic write), and then the cell's registry alias
+`<cell_id><suffix>` is moved to the version. Each cell has its own channel path and alias.
 
 Publish first, alias second: the alias says which model the cell runs, and the next cycle
 records with it and gates against it, so it must never name a model that did not reach the
@@ -22,7 +22,7 @@ from urllib.parse import urlparse
 from edge.bundle import CONFIG_FILE, MODEL_FILE
 from edge.channels import publish_bundle
 from edge.integrity import sha256_file
-from pipelines.contract.params import CellParams, PromoteParams
+from pipelines.contract.params import PromoteParams
 from pipelines.training import (
     POLICY_SHA256_TAG,
     current_workspace,
@@ -45,7 +45,7 @@ class PromotionResult:
 
 def promote(
     decision: Any,
-    cell: CellParams,
+    cell_id: str,
     params: PromoteParams,
     registered_model: str,
     version: str,
@@ -56,7 +56,7 @@ def promote(
     *,
     workspace: Path | None = None,
 ) -> PromotionResult:
-    """Publish the gated version to `params.channel` for `cell` and point its alias at it.
+    """Publish the gated version to `params.channel` for `cell_id` and point its alias at it.
 
     `decision` is a GateDecision or its record (a dict with `passed` and `reasons`); only
     `passed is True` promotes. The bundle carries the model name and version, the dataset
@@ -74,11 +74,11 @@ def promote(
     # A policy folder and a bundle use the same two file names
     # (pipelines.training.policy, edge.bundle).
     files = {name: Path(policy_folder) / name for name in (MODEL_FILE, CONFIG_FILE)}
-    _check_is_registered_version(workspace, registered_model, version, run_id, files)
-    channel = _channel_location(params.channel, workspace)
+    check_is_registered_version(workspace, registered_model, version, run_id, files)
+    channel = channel_location(params.channel, workspace)
     manifest = publish_bundle(
         channel,
-        cell.cell_id,
+        cell_id,
         files,
         metadata={
             "model_name": registered_model,
@@ -89,13 +89,18 @@ def promote(
         },
         signing_key=signing_key,
     )
-    alias = f"{cell.cell_id}{params.alias_suffix}"
+    alias = production_alias(cell_id, params)
     set_production_alias(registered_model, alias, version, workspace=workspace)
     reasons.append(
         f"promoted: {registered_model} version {version} published as bundle "
-        f"{manifest['bundle_id']} for {cell.cell_id}; alias {alias} -> version {version}"
+        f"{manifest['bundle_id']} for {cell_id}; alias {alias} -> version {version}"
     )
     return PromotionResult(True, reasons, alias, channel, manifest)
+
+
+def production_alias(cell_id: str, params: PromoteParams) -> str:
+    """The registry alias naming the version a cell runs: `<cell_id>-production`."""
+    return f"{cell_id}{params.alias_suffix}"
 
 
 def _gate_record(decision: Any) -> dict[str, Any]:
@@ -108,7 +113,7 @@ def _gate_record(decision: Any) -> dict[str, Any]:
     return dict(record)
 
 
-def _check_is_registered_version(
+def check_is_registered_version(
     workspace: Path | None,
     registered_model: str,
     version: str,
@@ -128,7 +133,8 @@ def _check_is_registered_version(
         )
 
 
-def _channel_location(channel: str, workspace: Path | None) -> str:
+def channel_location(channel: str, workspace: Path | None) -> str:
+    """The channel as a URI, or a local folder resolved against the workspace."""
     scheme = urlparse(channel).scheme
     if scheme and len(scheme) > 1:  # s3://, file://: not relative to anything
         return channel

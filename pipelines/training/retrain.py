@@ -23,12 +23,25 @@ from pipelines.training.tracking import (
 
 
 def fine_tune_and_register(
-    params: Params, workspace: Path, base: Path, dataset_version: str, batches: list[str]
+    params: Params,
+    workspace: Path,
+    base: Path,
+    dataset_version: str,
+    batches: list[str],
+    cell_id: str | None = None,
 ) -> dict:
+    """Fine-tune `base` on `batches` and register the result. With `cell_id`, only that cell's
+    batches are used, the policy is written to `<train.out>/<cell_id>` (cells train side by
+    side) and the model version is tagged with the cell."""
+    dataset = workspace / params.ingest.dataset
+    if cell_id is not None:
+        batches = cell_batches(dataset, batches, cell_id)
     if not batches:
-        raise ValueError(f"{workspace / params.ingest.dataset}: no validated batches to train on")
+        whose = f" from {cell_id}" if cell_id else ""
+        raise ValueError(f"{dataset}: no validated batches{whose} to train on")
     train = params.train
-    episodes, steps = read_dataset(workspace / params.ingest.dataset, sources=batches)
+    out = workspace / train.out / (cell_id or "")
+    episodes, steps = read_dataset(dataset, sources=batches)
     data = training_examples(episodes, steps, train.intervention_weight)
     base_policy = load_policy(base)
     with start_finetune_run(
@@ -36,8 +49,9 @@ def fine_tune_and_register(
         train.experiment,
         train,
         dataset_version=dataset_version,
-        dataset_source=str(workspace / params.ingest.dataset),
+        dataset_source=str(dataset),
         dataset_profile=_profile(data),
+        run_name=f"finetune-{cell_id}" if cell_id else None,
     ) as run:
         run_id = run.info.run_id
         log_training_batches(batches, base_policy.name)
@@ -46,14 +60,17 @@ def fine_tune_and_register(
                 base_policy.net, data, train, version=f"ft-{run_id[:8]}", on_epoch=on_epoch
             )
         log_learning_curve(history)
-        folder = save_policy(net, workspace / train.out)
+        folder = save_policy(net, out)
+        tags = {"dataset_version": dataset_version, "base_policy": base_policy.name}
         version = register_policy(
             run_id,
             folder,
             train.registered_model,
-            tags={"dataset_version": dataset_version, "base_policy": base_policy.name},
+            tags=tags | ({"cell_id": cell_id} if cell_id else {}),
         )
     return {
+        "cell_id": cell_id,
+        "policy_folder": str(folder),
         "mlflow_run_id": run_id,
         "registered_model": train.registered_model,
         "model_version": version,
@@ -65,6 +82,20 @@ def fine_tune_and_register(
         "final_train_loss": history[-1].train_loss,
         "final_val_loss": history[-1].val_loss,
     }
+
+
+def cell_batches(dataset: Path, batches: list[str], cell_id: str) -> list[str]:
+    """The batches among `batches` that hold `cell_id`'s episodes (a batch is one log file,
+    and a log is one cell's), read from the episodes files' cell_id column alone."""
+    import pyarrow.parquet as pq
+
+    mine = []
+    for sha in batches:
+        path = Path(dataset) / "episodes" / f"{sha}.parquet"
+        cells = pq.read_table(path, columns=["cell_id"]).column("cell_id").unique().to_pylist()
+        if cell_id in cells:
+            mine.append(sha)
+    return mine
 
 
 def _profile(data: TrainingSet) -> dict:

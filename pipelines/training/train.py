@@ -1,6 +1,6 @@
 """Supervised training of the policy: behaviour cloning on (observation, action) pairs.
 
-Used by sim pretraining (refcell) and by fine-tuning on line data; deterministic for a seed.
+Used by sim pretraining and by fine-tuning on line data; deterministic for a seed.
 """
 
 from __future__ import annotations

@@ -1,24 +1,41 @@
-"""The whole loop, end to end, on a small configuration against the real components:
-Prefect's local API, MLflow's SQLite store, DVC, Great Expectations and a local edge channel.
+"""One cycle of `realloop loop` over three cells that it meets only through storage.
 
-The incumbent is a barely trained policy and the cell's safety limits are widened, so the
-candidate passes the gate and the promotion path runs; the gate's failing path is covered in
-tests/pipelines. Bad files in the landing folder must end in quarantine without stopping it.
+Each cell has its first model deployed (`realloop deploy --initial`) and a production shift in
+the landing folder. Two stand-in cells run in threads of this test: they watch the folder
+channel for trial requests, verify both arms' bundles and answer with trial logs recorded by
+the reference cell's recorder, the request's keys added to the logs' metadata. cell-08 first
+uploads part of an attempt (as a cell that crashed mid-upload might), then a whole one. The
+third cell never answers. The loop runs as users run it, in a subprocess.
+
+The incumbent is a barely trained policy and the cells are lenient (no safety stops, 8 cm
+counts as placed), so each answered candidate passes the gate and the promotion path runs.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import subprocess
-import sys
+import threading
+import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 import yaml
 
+from edge import agent
+from edge.channels import open_channel
+from edge.trials import fetch_arm, open_requests, read_history
+from pipelines.contract.params import load_params
+from pipelines.ingest import sha256_file
 from tests.conftest import ROOT, realloop
+from tests.pipelines.test_ingest_helpers import raw_copy
 
 pytestmark = pytest.mark.timeout(900)
+
+ANSWERING, SILENT = ("cell-07", "cell-08"), "cell-09"
+EPISODES_PER_ARM = 6
+TIMEOUT_S, POLL_S = 100, 3
 
 
 def small_params(workspace: Path) -> Path:
@@ -28,9 +45,9 @@ def small_params(workspace: Path) -> Path:
     # so a candidate fine-tuned on 20 episodes succeeds where the untrained incumbent cannot.
     params["cell"]["safety"] = {"joint_limit_m": 0.5, "speed_mps": 5.0, "contact_force_n": 1e4}
     params["cell"].update(success_tolerance_m=0.08, settle_speed_mps=0.1)
-    params["collect"]["episodes"] = 20
     params["record"]["episodes_per_file"] = 10
-    params["trials"]["episodes"] = 8
+    params["fleet"]["cells"] = [*ANSWERING, SILENT]
+    params["trials"].update(episodes=EPISODES_PER_ARM, timeout_s=TIMEOUT_S, poll_s=POLL_S)
     params["train"].update(epochs=60, learning_rate=0.003)
     params["gate"]["cycle_time_budget_s"] = 6.0
     path = workspace / "params.yaml"
@@ -38,173 +55,241 @@ def small_params(workspace: Path) -> Path:
     return path
 
 
-def bad_landing_files(landing: Path, good_log: Path) -> dict[str, str]:
-    landing.mkdir(parents=True, exist_ok=True)
-    (landing / "cell-07_empty.mcap").write_bytes(b"")
-    (landing / "cell-07_notes.mcap").write_text("operator notes, saved with the wrong name\n")
-    data = good_log.read_bytes()
-    (landing / "cell-07_cut.mcap").write_bytes(data[: len(data) // 2])
-    return {
-        "cell-07_empty.mcap": "empty",
-        "cell-07_notes.mcap": "not an MCAP",
-        "cell-07_cut.mcap": "truncated",
-    }
+class StandInCell(threading.Thread):
+    """A cell on the other side of the channel: answers each trial request once, with the
+    arms' logs uploaded whole (copied to a dot-file, then renamed, as the contract says)."""
+
+    def __init__(self, cell_id: str, workspace: Path, work: Path, cut_first: bool = False):
+        super().__init__(name=f"stand-in {cell_id}", daemon=True)
+        self.cell_id, self.workspace, self.work, self.cut_first = (
+            cell_id,
+            workspace,
+            work,
+            cut_first,
+        )
+        params = load_params(workspace / "params.yaml")
+        self.params = params
+        self.channel = open_channel(workspace / params.promote.channel)
+        self.landing = workspace / params.ingest.landing
+        self.answered: dict[str, dict] = {}  # request id → attempt → arm → (episode ids, logs)
+        self.error: BaseException | None = None
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        try:
+            while not self.stopping.is_set():
+                for request in open_requests(self.channel, self.cell_id):
+                    if request["request_id"] not in self.answered:
+                        self.answer(request)
+                self.stopping.wait(0.5)
+        except BaseException as exc:  # reported by the test, not lost in a thread
+            self.error = exc
+
+    def answer(self, request: dict) -> None:
+        from pipelines.training import load_policy
+
+        box = self.work / "box" / request["request_id"]
+        arms = {
+            arm: (load_policy(fetch_arm(self.channel, self.cell_id, spec, box)), spec["bundle_id"])
+            for arm, spec in request["arms"].items()
+        }
+        n = request["episodes_per_arm"]
+        attempts = {}
+        if self.cut_first:
+            attempts["attempt-1"] = self.upload(request, "attempt-1", arms, n - 2, 0)
+        attempts["attempt-2"] = self.upload(request, "attempt-2", arms, n, 60)
+        self.answered[request["request_id"]] = attempts
+
+    def upload(self, request: dict, attempt: str, arms: dict, episodes: int, minute: int):
+        from refcell.shift import record_shift
+        from refcell.world import load_world
+
+        cell = dataclasses.replace(self.params.cell, cell_id=self.cell_id)
+        start = datetime.now(UTC).replace(microsecond=0) + timedelta(minutes=minute)
+        recorded = {}
+        for k, (arm, (policy, bundle_id)) in enumerate(sorted(arms.items())):
+            staging = self.work / "staging" / f"{attempt}-{arm}"
+            shift = record_shift(
+                load_world("line"),
+                cell,
+                self.params.record,
+                policy,
+                episodes,
+                staging,
+                seed=7000 + minute + k,
+                interventions=False,
+                policy_version=bundle_id,
+                shift_start=start + timedelta(seconds=k),
+            )
+            keys = {"trial_request_id": request["request_id"], "trial_arm": arm}
+            logs = [self.land(Path(f), keys | {"trial_attempt": attempt}) for f in shift["files"]]
+            truth = Path(shift["ground_truth"]).read_text().splitlines()
+            recorded[arm] = ([json.loads(line)["episode_id"] for line in truth], logs)
+        return recorded
+
+    def land(self, log: Path, metadata: dict) -> str:
+        hidden = self.landing / f".{log.name}.upload"
+        raw_copy(log, hidden, cell_metadata=metadata)
+        hidden.rename(self.landing / log.name)
+        return sha256_file(self.landing / log.name)
+
+
+def record_production_shift(workspace: Path, cell_id: str, index: int) -> None:
+    """What each cell uploaded before the cycle: a shift with the operator on."""
+    from pipelines.training import load_policy
+    from refcell.shift import record_shift
+    from refcell.world import load_world
+
+    params = load_params(workspace / "params.yaml")
+    record_shift(
+        load_world("line"),
+        dataclasses.replace(params.cell, cell_id=cell_id),
+        params.record,
+        load_policy(workspace / params.pretrain.out),
+        20,
+        workspace / params.ingest.landing,
+        seed=100 + index,
+        interventions=True,
+        policy_version="sim",
+        shift_start=datetime(2026, 12, 1, 6, tzinfo=UTC) + timedelta(hours=index),
+    )
 
 
 @pytest.fixture(scope="module")
 def cycle(tmp_path_factory):
-    """Two cycles in one workspace: the first promotes, the second starts from production."""
     workspace = tmp_path_factory.mktemp("workspace")
     small_params(workspace)
-    # A log from another shift, to cut into a truncated file.
-    seed_log = tmp_path_factory.mktemp("seed")
-    run = realloop(
-        "cell",
-        "record",
-        "--policy",
-        "expert",
-        "--episodes",
-        "2",
-        "--out",
-        str(seed_log),
-        "--params",
-        "params.yaml",
-        "--json",
-        cwd=workspace,
-    )
+    run = realloop("cell", "pretrain", "--json", cwd=workspace)
     assert run.returncode == 0, run.stderr
-    expected = bad_landing_files(workspace / "data" / "landing", next(seed_log.glob("*.mcap")))
-    first = realloop("loop", "--json", cwd=workspace)
-    assert first.returncode == 0, first.stderr
-    second = realloop("loop", "--json", cwd=workspace)
-    assert second.returncode == 0, second.stderr
-    return workspace, json.loads(first.stdout), json.loads(second.stdout), expected, first.stderr
+    deployed = {}
+    for index, cell_id in enumerate((*ANSWERING, SILENT)):
+        run = realloop(
+            "deploy", "--initial", "models/sim-policy", "--cell", cell_id, "--json", cwd=workspace
+        )
+        assert run.returncode == 0, run.stderr
+        deployed[cell_id] = json.loads(run.stdout)
+        record_production_shift(workspace, cell_id, index)
+    landing = workspace / "data" / "landing"
+    (landing / "cell-07_empty.mcap").write_bytes(b"")  # a bad upload: quarantined, no stop
+    work = tmp_path_factory.mktemp("cells")
+    cells = [StandInCell(c, workspace, work / c, cut_first=c == "cell-08") for c in ANSWERING]
+    for cell in cells:
+        cell.start()
+    started = time.monotonic()
+    try:
+        run = realloop("loop", "--json", cwd=workspace)
+    finally:
+        for cell in cells:
+            cell.stopping.set()
+            cell.join(timeout=60)
+    took = time.monotonic() - started
+    assert run.returncode == 0, run.stderr
+    for cell in cells:
+        assert cell.error is None, repr(cell.error)
+    summary = json.loads(run.stdout)
+    by_cell = {c["cell"]: c for c in summary["cells"]}
+    answered = {c.cell_id: c.answered for c in cells}
+    return workspace, summary, by_cell, answered, deployed, run.stderr, took
 
 
-def test_summary_reports_every_stage(cycle):
-    workspace, summary, _, _, stderr = cycle
-    assert {"dataset_version", "gate", "channel", "cell"} <= summary.keys()
-    assert summary["cell"] == "cell-07" and summary["channel"] == "data/edge-channel"
-    ledger = (workspace / ".realloop" / "datasets.jsonl").read_text()
-    assert summary["dataset_version"] in ledger and summary["dataset_version_with_trials"] in ledger
-    assert summary["collected"]["episodes"] == 20
-    # 20 collected + 2 × 8 trial episodes, all ingested; nothing else.
-    assert summary["ingest"]["episodes_ingested"] == 20 + 16
-    assert summary["validation"]["batches"] == summary["validation"]["passed"] == 2
-    trials = summary["trials"]
-    assert trials["candidate"]["n"] == trials["incumbent"]["n"] == 8
-    assert trials["candidate"]["policy"] == summary["training"]["policy_version"]
+def test_each_answering_cell_gets_one_promotion_on_its_own_track(cycle, tmp_path):
+    workspace, summary, by_cell, _, deployed, stderr, _ = cycle
+    assert [c["cell"] for c in summary["cells"]] == [*ANSWERING, SILENT]
+    channel = workspace / "data" / "edge-channel"
+    for cell_id in ANSWERING:
+        cell = by_cell[cell_id]
+        assert cell["outcome"] == "promoted", (cell["reason"], cell["gate"])
+        version = cell["promoted_version"]
+        assert cell["training"]["cell_id"] == cell_id
+        assert cell["incumbent"]["model_version"] == deployed[cell_id]["model_version"]
+        assert cell["edge"]["model_version"] == int(version)
+        assert cell["promotion"]["alias"] == f"{cell_id}-production"
+        box = tmp_path / cell_id
+        pulled = agent.pull(str(channel), cell_id, box)
+        assert pulled["action"] == "activated" and pulled["model_version"] == int(version)
+    versions = {by_cell[c]["promoted_version"] for c in ANSWERING}
+    assert len(versions) == len(ANSWERING)  # a candidate per cell
     assert "Traceback" not in stderr and "database is locked" not in stderr
 
 
-def test_bad_files_are_quarantined_with_reasons(cycle):
-    workspace, summary, _, expected, _ = cycle
-    quarantined = {Path(q["source"]).name: q["reason"] for q in summary["ingest"]["quarantined"]}
-    assert set(quarantined) == set(expected)
-    for name, words in expected.items():
-        assert words in quarantined[name]
-        assert (workspace / "data" / "quarantine" / name).is_file()
-        assert (workspace / "data" / "quarantine" / f"{name}.reason.txt").is_file()
+def test_each_cell_trains_on_its_own_logs_only(cycle):
+    workspace, _, by_cell, _, _, _, _ = cycle
+    for cell_id in ANSWERING:
+        run = realloop("lineage", by_cell[cell_id]["promoted_version"], "--json", cwd=workspace)
+        assert run.returncode == 0, run.stderr
+        lineage = json.loads(run.stdout)
+        assert {s["cell_id"] for s in lineage["sources"]} == {cell_id}
+        assert len(lineage["sources"]) == 2  # its production shift: 20 episodes, 10 per log
 
 
-def test_gate_pass_promotes_to_the_channel_and_the_edge_box_runs_it(cycle, tmp_path):
-    workspace, summary, second, _, _ = cycle
-    assert summary["gate"]["passed"], summary["gate"]["reasons"]
-    version = summary["training"]["model_version"]
-    assert summary["promotion"]["promoted"] and summary["edge"]["model_version"] == int(version)
-    # the channel now names whatever the last cycle left there: its candidate if it passed
-    latest = second["training"]["model_version"] if second["gate"]["passed"] else version
-    assert second["edge"]["model_version"] == int(latest)
-    version = latest
-    box = tmp_path / "edge-box"
-    pull = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "edge.cli",
-            "pull",
-            "--channel",
-            str(workspace / "data" / "edge-channel"),
-            "--cell",
-            "cell-07",
-            "--dest",
-            str(box),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
+def test_the_gate_judged_exactly_the_requests_complete_attempt(cycle):
+    workspace, _, by_cell, answered, _, _, _ = cycle
+    for cell_id in ANSWERING:
+        cell = by_cell[cell_id]
+        [(request_id, attempts)] = answered[cell_id].items()
+        assert cell["trial_request"]["request_id"] == request_id
+        assert cell["attempt"]["attempt"] == "attempt-2"  # never the cut one (cell-08)
+        for arm in ("candidate", "incumbent"):
+            episodes, logs = attempts["attempt-2"][arm]
+            assert cell["attempt"]["episodes"][arm] == episodes
+            assert len(episodes) == EPISODES_PER_ARM == cell["trials"][arm]["n"]
+            assert cell["attempt"]["sources"][arm] == logs
+            bundle = cell["trial_request"]["arms"][arm]["bundle_id"]
+            assert cell["trials"][arm]["policy"] == bundle  # the arm ran the bundle asked for
+        run = realloop("lineage", cell["promoted_version"], "--json", cwd=workspace)
+        trials = json.loads(run.stdout)["trials"]
+        for arm in ("candidate", "incumbent"):
+            assert [s["sha256"] for s in trials[arm]["sources"]] == attempts["attempt-2"][arm][1]
+
+
+def test_a_cell_that_never_answers_ends_trials_incomplete_with_its_request_withdrawn(cycle):
+    workspace, _, by_cell, _, deployed, _, took = cycle
+    cell = by_cell[SILENT]
+    assert cell["outcome"] == "trials incomplete" and "withdrawn" in cell["reason"]
+    assert cell["gate"] is None and cell["promotion"] is None and cell["promoted_version"] is None
+    assert TIMEOUT_S <= cell["waited_s"] <= TIMEOUT_S + POLL_S + 60
+    assert took < TIMEOUT_S + 600
+    channel = open_channel(workspace / "data" / "edge-channel")
+    assert open_requests(channel, SILENT) == []
+    request_id = cell["trial_request"]["request_id"]
+    events = [e["action"] for e in read_history(channel, SILENT) if e["subject"] == request_id]
+    assert events == ["trial_requested", "trial_withdrawn"]
+    # the cell keeps running what it ran
+    assert cell["edge"]["bundle_id"] == deployed[SILENT]["bundle_id"]
+
+
+def test_the_summary_covers_the_data_and_the_ledger_keeps_it(cycle):
+    workspace, summary, _, _, _, _, _ = cycle
+    ledger = (workspace / ".realloop" / "datasets.jsonl").read_text()
+    assert (
+        summary["dataset_version"] in ledger and summary["dataset_version_after_trials"] in ledger
     )
-    assert pull.returncode == 0, pull.stderr
-    status = subprocess.run(
-        [sys.executable, "-m", "edge.cli", "status", "--dest", str(box), "--json"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    running = json.loads(status.stdout)
-    assert str(running["model_version"]) == version and len(running["sha256"]) == 64
-    evaluated = realloop(
-        "cell",
-        "eval",
-        "--policy",
-        running["path"],
-        "--world",
-        "line",
-        "--episodes",
-        "2",
-        "--json",
-        cwd=workspace,
-    )
-    assert evaluated.returncode == 0, evaluated.stderr
-    assert json.loads(evaluated.stdout)["episodes"] == 2
+    quarantined = {Path(q["source"]).name for q in summary["ingest"]["quarantined"]}
+    assert quarantined == {"cell-07_empty.mcap"}
+    # 3 × 20 production episodes, then each answering cell's trial logs, all ingested
+    trial_episodes = 2 * EPISODES_PER_ARM * 2 + 2 * (EPISODES_PER_ARM - 2)
+    assert summary["ingest"]["episodes_ingested"] == 60 + trial_episodes
+    assert summary["ingest"]["runs"] >= 2 and summary["timings_s"]["await trials"] >= TIMEOUT_S
+    lines = (workspace / ".realloop" / "cycles.jsonl").read_text().splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["cycle"] == 0
 
 
-def test_next_cycle_starts_from_the_production_policy(cycle):
-    workspace, first, second, _, _ = cycle
-    dvc_file = yaml.safe_load((workspace / "data" / "dataset.dvc").read_text())
-    assert second["dataset_version_with_trials"] == dvc_file["outs"][0]["md5"][:32]
-    assert second["cycle"] == 1
-    assert second["incumbent"]["source"] == "registry"
-    assert second["incumbent"]["model_version"] == first["training"]["model_version"]
-    assert second["dataset_version"] != first["dataset_version"]
+def test_the_human_summary_has_a_row_per_cell(cycle):
+    from rich.console import Console
+
+    from flows.cycle import print_cycle
+
+    console = Console(width=160, record=True)
+    print_cycle(cycle[1], console.print)
+    text = console.export_text()
+    for cell_id in (*ANSWERING, SILENT):
+        assert cell_id in text
+    assert "promoted version" in text and "trials incomplete" in text
 
 
-def test_lineage_from_a_model_version(cycle):
-    workspace, summary, _, _, _ = cycle
-    run = realloop("lineage", summary["training"]["model_version"], "--json", cwd=workspace)
+def test_a_cell_asked_for_without_a_production_model_is_skipped_with_the_way_out(cycle):
+    run = realloop("loop", "--cell", "cell-12", "--json", cwd=cycle[0])
     assert run.returncode == 0, run.stderr
-    lineage = json.loads(run.stdout)
-    assert lineage["dataset_version"] == summary["dataset_version"]
-    assert lineage["mlflow_run_id"] == summary["training"]["mlflow_run_id"]
-    assert lineage["params"]["train.epochs"] == "60"
-    sources = {Path(s["uri"]).name: s["sha256"] for s in lineage["sources"]}
-    assert len(sources) == 2  # the two logs of the collected shift
-    for name, sha in sources.items():
-        assert _sha256(workspace / "data" / "landing" / name) == sha
-    # 8 trial episodes fit one log (10 per file) for each policy
-    assert {role: len(t["sources"]) for role, t in lineage["trials"].items()} == {
-        "candidate": 1,
-        "incumbent": 1,
-    }
-
-
-def test_lineage_from_a_file(cycle):
-    workspace, first, second, _, _ = cycle
-    log = sorted((workspace / "data" / "landing").glob("*.mcap"))[0]
-    run = realloop("lineage", str(log), "--json", cwd=workspace)
-    assert run.returncode == 0, run.stderr
-    lineage = json.loads(run.stdout)
-    assert lineage["sha256"] == _sha256(log)
-    # in every version made since it landed, and in the models of both cycles
-    assert first["dataset_version"] in lineage["dataset_versions"]
-    assert second["dataset_version"] in lineage["dataset_versions"]
-    trained = {m["version"] for m in lineage["models"] if m["trained_on_file"]}
-    assert {first["training"]["model_version"], second["training"]["model_version"]} <= trained
-
-
-def _sha256(path: Path) -> str:
-    import hashlib
-
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    [cell] = json.loads(run.stdout)["cells"]
+    assert (cell["cell"], cell["outcome"]) == ("cell-12", "skipped")
+    assert "realloop deploy --initial" in cell["reason"]

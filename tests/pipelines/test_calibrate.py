@@ -14,7 +14,7 @@ from pipelines.calibrate.latency import delays_from_ages
 from pipelines.calibrate.logs import shift_position
 from pipelines.calibrate.physics import _parabola_vertex
 from pipelines.calibrate.sensing import pooled_std
-from refcell.world import WORLDS_DIR, calibrated_world, load_world, randomized
+from refcell.world import WORLDS_DIR, calibrated_world, load_world, randomized, world_as_dict
 from tests.conftest import ROOT, realloop
 
 pytestmark = pytest.mark.timeout(900)
@@ -135,6 +135,101 @@ def test_randomization_without_a_latency_range_keeps_the_worlds_delays(params):
     assert drawn.latency == world.latency
     low, high = params.pretrain.randomization.friction
     assert low <= drawn.physics.friction <= high
+
+
+# --- the simulator as a plug-in named in params.yaml ------------------------------------------
+
+MY_SIM = """
+import numpy as np
+from pipelines.calibrate import ReplayResult
+
+
+class Replay:
+    def __init__(self, cell):
+        self.pusher_radius_m = 0.02  # set per instance: checked on the instance
+
+    def replay(self, physics, batch):
+        shape = (*batch.applied.shape[:2], 2)
+        return [ReplayResult(np.zeros(shape), np.zeros(shape), np.zeros(shape)) for _ in physics]
+
+
+def world():
+    return {"physics": {"friction": 0.3, "part_mass_kg": 0.2, "joint_damping": 2.0}}
+
+
+class NoReplay:
+    pusher_radius_m = 0.02
+
+
+def not_a_world():
+    return [1, 2]
+"""
+
+
+@pytest.fixture
+def my_sim(tmp_path, monkeypatch):
+    (tmp_path / "my_sim.py").write_text(MY_SIM)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "my_sim"
+
+
+def with_simulator(params, **specs):
+    import dataclasses
+
+    return dataclasses.replace(params, simulator=dataclasses.replace(params.simulator, **specs))
+
+
+def test_the_default_plugins_are_refcells_replay_and_sim_world(params):
+    from flows.plugins import load_simulator
+
+    simulator, world = load_simulator(params)
+    assert type(simulator).__module__ == "refcell.replay"
+    assert world == world_as_dict(load_world("sim"))
+
+
+def test_a_users_simulator_plugs_in_by_import_path(params, my_sim):
+    from flows.plugins import load_simulator
+    from pipelines.calibrate import ReplayBatch
+
+    simulator, world = load_simulator(
+        with_simulator(params, replay=f"{my_sim}:Replay", world=f"{my_sim}:world")
+    )
+    assert world["physics"]["friction"] == 0.3 and simulator.pusher_radius_m == 0.02
+    batch = ReplayBatch(np.zeros((3, 2)), np.zeros((3, 3)), np.zeros((3, 5, 2)), 0.03)
+    (result,) = simulator.replay([world["physics"]], batch)
+    assert result.part.shape == (3, 5, 2)
+
+
+@pytest.mark.parametrize(
+    ("key", "spec", "words"),
+    [
+        ("replay", "my_sim.Replay", "is not an import path of the form package.module:name"),
+        ("replay", "nowhere.sim:Replay", "cannot import 'nowhere.sim' for 'nowhere.sim:Replay'"),
+        ("replay", "my_sim:Missing", "'my_sim' has no 'Missing' (from 'my_sim:Missing')"),
+        ("replay", "my_sim:NoReplay", "'my_sim:NoReplay' lacks replay of the Simulator protocol"),
+        ("world", "my_sim:not_a_world", "'my_sim:not_a_world' returned list, not a world"),
+    ],
+)
+def test_a_plugin_that_cannot_be_used_is_one_line_naming_key_and_path(
+    params, my_sim, key, spec, words
+):
+    from flows.plugins import PluginError, load_simulator
+
+    with pytest.raises(PluginError) as failed:
+        load_simulator(with_simulator(params, **{key: spec}))
+    message = str(failed.value)
+    assert message.startswith(f"params simulator.{key}: ") and words in message, message
+    assert "\n" not in message
+
+
+def test_calibrate_with_a_wrong_simulator_path_fails_in_one_line(tmp_path):
+    settings = yaml.safe_load((ROOT / "params.yaml").read_text())
+    settings["simulator"]["replay"] = "nowhere.sim:Replay"
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(settings))
+    done = realloop("calibrate", "--json", cwd=tmp_path)
+    assert done.returncode == 1 and done.stdout == ""
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("realloop: params simulator.replay: cannot import 'nowhere.sim'")
 
 
 # --- the command on a recorded shift -------------------------------------------------------

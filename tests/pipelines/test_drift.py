@@ -95,6 +95,9 @@ def synthetic(
             edge_case=edge,
             edge_case_reasons=["low_confidence"] if edge else None,
             attachments=None,
+            trial_request_id=None,
+            trial_arm=None,
+            trial_attempt=None,
         )
         for i in range(n):
             _append(

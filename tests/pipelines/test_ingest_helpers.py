@@ -168,17 +168,22 @@ def rewrite(
     return dest
 
 
-def raw_copy(source: Path, dest: Path, *, channel=None, extra_topic=None) -> Path:
+def raw_copy(
+    source: Path, dest: Path, *, channel=None, extra_topic=None, cell_metadata=None
+) -> Path:
     """Copy an MCAP log record for record, without decoding.
 
     `channel(topic, message_encoding, schema_name)` returns (message_encoding, schema_name)
     to write for that topic's channel; `extra_topic` = (topic, copied from, message encoding)
-    adds a topic carrying the same payloads as another."""
+    adds a topic carrying the same payloads as another; `cell_metadata` is merged into the
+    `realloop.cell` metadata record."""
     with source.open("rb") as stream:
         reader = make_reader(stream)
         summary = reader.get_summary()
         meta = {m.name: dict(m.metadata) for m in reader.iter_metadata()}
         messages = list(reader.iter_messages(log_time_order=False))
+    if cell_metadata:
+        meta[schema.METADATA_NAME] = meta[schema.METADATA_NAME] | cell_metadata
     with dest.open("wb") as out:
         writer = McapWriter(out)
         writer.start(profile="ros2", library="realloop-tests")

@@ -29,3 +29,16 @@ def test_wrong_type_and_missing_file_are_one_line_errors(tmp_path, params_path):
     assert "\n" not in str(err.value)
     with pytest.raises(ParamsError, match="file not found"):
         load_params(tmp_path / "missing.yaml")
+
+
+def test_the_simulator_is_named_by_import_path_and_required(tmp_path, params_path, params):
+    assert params.simulator.replay == "refcell.replay:SimReplay"
+    assert params.simulator.world == "refcell.world:sim_world"
+    import yaml
+
+    settings = yaml.safe_load(params_path.read_text())
+    del settings["simulator"]
+    bad = tmp_path / "params.yaml"
+    bad.write_text(yaml.safe_dump(settings))
+    with pytest.raises(ParamsError, match=r"params.yaml: simulator: Field required"):
+        load_params(bad)

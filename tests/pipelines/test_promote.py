@@ -60,7 +60,7 @@ def run_promote(candidate, params, decision, channel: Path, **kwargs) -> Promoti
     kwargs.setdefault("workspace", candidate.workspace)
     return promote(
         decision,
-        params.cell,
+        kwargs.pop("cell_id", params.cell.cell_id),
         dataclasses.replace(params.promote, channel=str(channel)),
         candidate.model,
         candidate.version,
@@ -71,8 +71,8 @@ def run_promote(candidate, params, decision, channel: Path, **kwargs) -> Promoti
     )
 
 
-def alias_version(candidate, params) -> str | None:
-    alias = f"{params.cell.cell_id}{params.promote.alias_suffix}"
+def alias_version(candidate, params, cell_id: str = "cell-07") -> str | None:
+    alias = f"{cell_id}{params.promote.alias_suffix}"
     info = production_version(candidate.model, alias, workspace=candidate.workspace)
     return None if info is None else info.version
 
@@ -152,3 +152,15 @@ def test_weights_other_than_the_registered_version_are_not_published(candidate, 
     with pytest.raises(ValueError, match="refusing to publish"):
         run_promote(candidate, params, decision, tmp_path / "channel", policy_folder=other)
     assert not (tmp_path / "channel").exists()
+
+
+def test_each_cell_has_its_own_channel_path_and_alias(candidate, params, tmp_path):
+    decision = decide(trials(90), trials(50), cycle_time_budget_s=5.0)
+    channel = tmp_path / "channel"
+    before = alias_version(candidate, params)
+    result = run_promote(candidate, params, decision, channel, cell_id="cell-08")
+    assert result.promoted and result.alias == "cell-08-production"
+    assert alias_version(candidate, params, "cell-08") == candidate.version
+    assert alias_version(candidate, params) == before  # cell-07's alias is its own
+    assert (channel / "cell-08" / "CURRENT.json").is_file()
+    assert not (channel / "cell-07").exists()

@@ -60,6 +60,9 @@ def columns(source: str = GOOD, lengths: tuple[int, ...] = (10, 10)) -> tuple[di
             "edge_case": False,
             "edge_case_reasons": None,
             "attachments": None,
+            "trial_request_id": None,  # a production episode
+            "trial_arm": None,
+            "trial_attempt": None,
         }
         for name, value in episode.items():
             episodes[name].append(value)

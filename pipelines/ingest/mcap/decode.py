@@ -1,4 +1,4 @@
-"""Fast decoding of ROS 2 MCAP logs (CDR, as rosbag2 and refcell's recorder write them).
+"""Fast decoding of ROS 2 MCAP logs (CDR, as rosbag2 and the reference cell's recorder write them).
 
 The official mcap reader with the mcap-ros2 decoder manages 15-20k messages/s on one core,
 too slow for kHz joint states from a fleet. This decoder decodes the message types of the data

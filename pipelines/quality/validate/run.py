@@ -49,7 +49,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipelines.contract.params import CellParams, ValidateParams
-from pipelines.contract.schema import EPISODES_SCHEMA, STEPS_SCHEMA
+from pipelines.contract.schema import EPISODES_SCHEMA, STEPS_SCHEMA, TRIAL_COLUMNS
 from pipelines.ingest import current_version
 from pipelines.quality.expectations.common import CRITICAL, WARNING
 from pipelines.quality.validate.admissions import read_admissions
@@ -208,6 +208,15 @@ def _read_table(path: Path, contract: pa.Schema) -> pa.Table:
         except pa.ArrowInvalid:
             continue  # a row of the wrong length: left as it is for the schema check
         table = table.set_column(i, field_.with_type(want), column)
+    return _with_trial_columns(table, contract)
+
+
+def _with_trial_columns(table: pa.Table, contract: pa.Schema) -> pa.Table:
+    """A batch written before the trial columns joined the contract lacks them: they are
+    null there (no trial then), not missing, so they are added as nulls."""
+    for name in TRIAL_COLUMNS:
+        if name in contract.names and name not in table.schema.names:
+            table = table.append_column(contract.field(name), pa.nulls(table.num_rows, pa.string()))
     return table
 
 
