@@ -16,8 +16,9 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $@
 
+# Reference cells as processes and the loop until each is promoted (params.yaml, demo:).
 demo: setup
-	$(BIN)/realloop loop
+	$(BIN)/realloop demo
 
 # ruff, then the architecture contracts (pyproject's [tool.importlinter]), then the tests.
 test: setup

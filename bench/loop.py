@@ -1,178 +1,130 @@
-"""Wall time of one retraining cycle, by stage, and what Prefect orchestration costs.
+"""Wall time of one retraining cycle with the cells as processes, by stage, for one cell and
+for three cells in parallel.
 
-    .venv/bin/python -m bench.loop [--params params.yaml] [--json]
+    .venv/bin/python -m bench.loop [--params params.yaml] [--cells 1 3] [--json]
 
-Two identical cycles run in one process, each in a fresh workspace (a temporary folder with
-the sim policy copied in, so neither pays for pretraining):
-(a) direct: the loop's stage functions called as plain functions (each Prefect task and flow
-    replaced by the function it wraps), timed stage by stage;
-(b) through Prefect: `loop_flow` as `realloop loop` runs it, with the local ephemeral API.
-Same params and seeds, so both do the same work, after a tiny untimed cycle has paid the
-process's one-time start-up (imports, the GX context, first calls). The ratio (b)/(a) is the
-orchestration overhead, given with and without the start of Prefect's local API (a server
-via PREFECT_API_URL skips it).
-The target is one cycle under 10 minutes at default params on 2 cores.
+For each fleet size: a fresh workspace with the sim policy copied in, that many reference
+cells started as processes (`realloop cell run` with params' `demo:` speed and shift size) and
+the sim policy deployed to each, one whole shift landed from every cell; then one cycle of
+`realloop loop` through Prefect, timed by the loop itself stage by stage (summary
+`timings_s`), the wait for the interleaved trials included. The ratio of the three-cell cycle
+to the one-cell cycle says how far the cells' branches overlap (1.0: fully parallel, 3.0:
+serial). The direct-call figures from before the cells were processes are in
+docs/benchmarks.md. Target: one cycle under 10 minutes on 2 cores.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import yaml
+
+CELLS = ("cell-07", "cell-08", "cell-09")
 TARGET_CYCLE_S = 600.0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.loop", description=__doc__)
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    parser.add_argument("--cells", type=int, nargs="+", default=[1, 3], choices=[1, 2, 3])
     parser.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     args = parser.parse_args(argv)
     try:
-        report = run(args.params.resolve())
-    except (FileNotFoundError, ValueError) as exc:
+        runs = {str(n): run(args.params.resolve(), n) for n in args.cells}
+    except (FileNotFoundError, ValueError, RuntimeError) as exc:
         print(f"bench.loop: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 1
+    report = {"runs": runs, "target_cycle_s": TARGET_CYCLE_S}
+    if "1" in runs and "3" in runs:
+        report["ratio_three_to_one"] = runs["3"]["cycle_s"] / runs["1"]["cycle_s"]
     print(json.dumps(report, indent=2) if args.json else _format(report))
     return 0
 
 
-def run(params_path: Path) -> dict:
+def run(params_path: Path, cells: int) -> dict:
+    from flows.demo import Fleet, deploy_initial, running_cells, wait_for_shifts
     from pipelines.contract.params import load_params
 
-    sim_policy = Path(load_params(params_path).pretrain.out).resolve()
+    params = load_params(params_path)
+    sim_policy = Path(params.pretrain.out).resolve()
     if not (sim_policy / "config.json").is_file():
         raise FileNotFoundError(f"{sim_policy}: no sim policy; run `realloop cell pretrain`")
-    _pay_process_start_up(params_path, sim_policy)
-    stages: dict[str, float] = {}
     with _workspace(params_path, sim_policy) as root:
-        started = time.perf_counter()
-        with _direct_calls(stages):
-            from flows.loop import loop_flow
-
-            direct_summary = loop_flow.fn(str(root / "params.yaml"), str(root))
-        direct_s = time.perf_counter() - started
-    with _workspace(params_path, sim_policy) as root:
-        started = time.perf_counter()
-        _start_prefect_api()
-        api_start_s = time.perf_counter() - started
-        flow_summary = loop_flow(str(root / "params.yaml"), str(root))
-        flow_s = time.perf_counter() - started
+        fleet = Fleet(str(root / params.ingest.landing), params.promote.channel, [*CELLS[:cells]])
+        bench_params = _fleet_params(params_path, root, fleet.cells)
+        for cell in fleet.cells:
+            deploy_initial(bench_params, params.pretrain.out, cell)
+        shift_files = -(-params.demo.episodes_per_shift // params.record.episodes_per_file)
+        with running_cells(fleet, params.demo):
+            wait_for_shifts(fleet, shift_files, params.demo.first_shift_timeout_s)
+            started = time.perf_counter()
+            summary = _one_cycle(bench_params, root)
+            cycle_s = time.perf_counter() - started
     return {
-        "direct_s": direct_s,
-        "prefect_s": flow_s,
-        "prefect_api_start_s": api_start_s,
-        "overhead_ratio": flow_s / direct_s,
-        "overhead_ratio_warm_api": (flow_s - api_start_s) / direct_s,
-        "stages_s": stages,
-        "target_cycle_s": TARGET_CYCLE_S,
-        "same_result": _outcome(direct_summary) == _outcome(flow_summary),
-        "episodes": {
-            "collected": direct_summary["collected"]["episodes"],
-            "trials_each": direct_summary["trials"]["candidate"]["n"],
-        },
+        "cells": cells,
+        "cycle_s": cycle_s,
+        "stages_s": summary["timings_s"],
+        "outcomes": {c["cell"]: c["outcome"] for c in summary["cells"]},
+        "trial_episodes_per_arm": params.demo.trial_episodes,
     }
 
 
-def _pay_process_start_up(params_path: Path, sim_policy: Path) -> None:
-    """One tiny direct cycle first: imports, the GX context and every code path's first-call
-    costs are paid before either timed run, so the run that goes first is not charged."""
-    import yaml
-
+def _one_cycle(params_path: Path, root: Path) -> dict:
+    from flows.commands import _workspace as as_workspace
     from flows.loop import loop_flow
 
-    tiny = yaml.safe_load(params_path.read_text())
-    tiny["collect"]["episodes"] = tiny["trials"]["episodes"] = 2
-    tiny["train"]["epochs"] = 1
-    with _workspace(params_path, sim_policy) as root:
-        (root / "params.yaml").write_text(yaml.safe_dump(tiny))
-        with _direct_calls({}):
-            loop_flow.fn(str(root / "params.yaml"), str(root))
+    as_workspace()
+    return loop_flow(params_path=str(params_path), workspace=str(root))
 
 
-def _start_prefect_api() -> None:
-    """Start the local ephemeral API (or reach PREFECT_API_URL) as the flow's first call would."""
-    from prefect.client.orchestration import get_client
-
-    with get_client(sync_client=True) as client:
-        client.hello()
+def _fleet_params(params_path: Path, root: Path, cells: list[str]) -> Path:
+    document = yaml.safe_load(params_path.read_text())
+    demo = document["demo"]
+    document["fleet"] = {"cells": cells}
+    document["trials"] |= {
+        "episodes": demo["trial_episodes"],
+        "poll_s": demo["poll_s"],
+        "timeout_s": demo["trial_timeout_s"],
+    }
+    out = root / "params.yaml"
+    out.write_text(yaml.safe_dump(document))
+    return out
 
 
 @contextmanager
 def _workspace(params_path: Path, sim_policy: Path) -> Iterator[Path]:
-    from flows.prefect_env import configure_prefect
-    from pipelines.training import use_workspace
+    """A fresh workspace, entered: the cells' boxes and the loop's stores live under it."""
+    from pipelines.contract.params import load_params
 
+    here = Path.cwd()
     with tempfile.TemporaryDirectory(prefix="realloop-bench-") as tmp:
         root = Path(tmp)
-        shutil.copy(params_path, root / "params.yaml")
-        from pipelines.contract.params import load_params
-
         shutil.copytree(sim_policy, root / load_params(params_path).pretrain.out)
-        configure_prefect(root)
-        use_workspace(root)
-        yield root
-
-
-@contextmanager
-def _direct_calls(stages: dict[str, float]) -> Iterator[None]:
-    """Swap each task and subflow in the loop modules for its plain function, timed."""
-    from prefect import Flow, Task
-
-    import flows.ingest
-    import flows.loop
-
-    saved = []
-    for module in (flows.loop, flows.ingest):
-        for name, value in vars(module).items():
-            if isinstance(value, Task | Flow) and value is not flows.loop.loop_flow:
-                saved.append((module, name, value))
-                setattr(module, name, _timed(value.name, value.fn, stages))
-    try:
-        yield
-    finally:
-        for module, name, value in saved:
-            setattr(module, name, value)
-
-
-def _timed(name: str, fn: Callable, stages: dict[str, float]) -> Callable:
-    def call(*args, **kwargs):
-        started = time.perf_counter()
+        os.chdir(root)
         try:
-            return fn(*args, **kwargs)
+            yield root
         finally:
-            stages[name] = stages.get(name, 0.0) + time.perf_counter() - started
-
-    return call
-
-
-def _outcome(summary: dict) -> tuple:
-    trials = summary["trials"]
-    return (
-        trials["candidate"]["successes"],
-        trials["incumbent"]["successes"],
-        summary["gate"]["passed"],
-    )
+            os.chdir(here)
 
 
 def _format(report: dict) -> str:
-    lines = [
-        f"one cycle: {report['direct_s']:.1f} s direct, {report['prefect_s']:.1f} s through "
-        f"Prefect (overhead ratio {report['overhead_ratio']:.3f}; "
-        f"{report['overhead_ratio_warm_api']:.3f} without the "
-        f"{report['prefect_api_start_s']:.1f} s API start); target "
-        f"< {report['target_cycle_s']:.0f} s",
-        "stages (direct, summed over calls: ingest runs twice and holds ingest-logs and "
-        "version-dataset; hardware-trials runs for both policies):",
-    ]
-    lines += [f"  {name:<16} {seconds:7.1f} s" for name, seconds in report["stages_s"].items()]
-    lines.append(f"same result both ways: {report['same_result']}")
+    lines = []
+    for n, run in report["runs"].items():
+        outcomes = ", ".join(f"{cell} {outcome}" for cell, outcome in run["outcomes"].items())
+        lines.append(f"{n} cell(s): one cycle {run['cycle_s']:.1f} s ({outcomes})")
+        lines += [f"  {stage:<16} {s:7.1f} s" for stage, s in run["stages_s"].items()]
+    if "ratio_three_to_one" in report:
+        lines.append(f"three cells / one cell: {report['ratio_three_to_one']:.2f}")
+    lines.append(f"target: one cycle under {report['target_cycle_s']:.0f} s")
     return "\n".join(lines)
 
 

@@ -76,12 +76,22 @@ def publish_request(channel: Channel, request: dict[str, Any]) -> dict[str, Any]
 
 
 def withdraw_request(channel: Channel, cell_id: str, request_id: str, reason: str) -> bool:
-    """Delete a request; True if it was there. The cell stops working on it."""
+    """Delete a request before it completed; True if it was there. The cell stops working on it."""
+    return _remove_request(channel, cell_id, request_id, "trial_withdrawn", reason)
+
+
+def close_request(channel: Channel, cell_id: str, request_id: str, reason: str) -> bool:
+    """Delete a request that was judged, so that no box (a replaced one included) runs it
+    again; True if it was there."""
+    return _remove_request(channel, cell_id, request_id, "trial_closed", reason)
+
+
+def _remove_request(channel: Channel, cell_id: str, request_id: str, action: str, reason: str):
     key = request_key(cell_id, request_id)
     if not channel.exists(key):
         return False
     channel.delete(key)
-    record_history(channel, cell_id, "trial_withdrawn", request_id, {"reason": reason})
+    record_history(channel, cell_id, action, request_id, {"reason": reason})
     return True
 
 

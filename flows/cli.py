@@ -8,6 +8,7 @@ from flows import (
     calibrate_cli,
     cell,
     commands,
+    demo,
     deploy,
     drift_cli,
     serve_cli,
@@ -33,6 +34,7 @@ app.command("validate")(validate_cli.validate_command)
 app.command("admit")(validate_cli.admit_command)
 app.command("calibrate")(calibrate_cli.calibrate_command)
 app.command("deploy")(deploy.deploy_command)
+app.command("demo")(demo.demo_command)
 
 if __name__ == "__main__":
     app()

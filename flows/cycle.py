@@ -202,8 +202,8 @@ def print_cycle(summary: dict, print_line) -> None:
         table.add_row(
             cell["cell"],
             (cell["dataset_version"] or "-")[:12],
-            _trial_cell(trials.get("candidate")),
-            _trial_cell(trials.get("incumbent")),
+            format_trials(trials.get("candidate")),
+            format_trials(trials.get("incumbent")),
             "-" if cell["gate"] is None else ("PASSED" if cell["gate"]["passed"] else "FAILED"),
             _result_cell(cell),
         )
@@ -215,7 +215,8 @@ def print_cycle(summary: dict, print_line) -> None:
             print_line(f"  {cell['cell']} {cell['outcome']}: {cell['reason']}")
 
 
-def _trial_cell(stats: dict | None) -> str:
+def format_trials(stats: dict | None) -> str:
+    """successes/n, rate and its Wilson interval: how a trial arm is shown everywhere."""
     if stats is None:
         return "-"
     low, high = stats["interval"]

@@ -119,6 +119,10 @@ def gate(
     record = trials.judge_attempt(dataset, request, attempt, params.gate)
     model, version = params.train.registered_model, trained["model_version"]
     record_gate(model, version, record, trained["mlflow_run_id"])
+    reason = (
+        f"judged on attempt {attempt.attempt}: gate {'passed' if record['passed'] else 'failed'}"
+    )
+    trials.close_trial_request(_channel(params, workspace), request, reason)
     return record
 
 

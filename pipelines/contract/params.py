@@ -14,6 +14,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PositiveFloat,
+    PositiveInt,
     StringConstraints,
     TypeAdapter,
     ValidationError,
@@ -231,6 +232,18 @@ class SimulatorParams:
 
 
 @dataclass(frozen=True, config=_STRICT)
+class DemoParams:  # `make demo`: reference cells as processes, the loop until each is promoted
+    cells: Annotated[tuple[CellId, ...], Field(min_length=1)]
+    episodes_per_shift: PositiveInt
+    speed: PositiveFloat  # cell seconds per wall second
+    max_cycles: PositiveInt
+    trial_episodes: PositiveInt  # per arm
+    poll_s: PositiveFloat
+    trial_timeout_s: PositiveFloat
+    first_shift_timeout_s: PositiveFloat
+
+
+@dataclass(frozen=True, config=_STRICT)
 class Params:
     cell: CellParams
     pretrain: PretrainParams
@@ -248,6 +261,7 @@ class Params:
     triage: TriageParams
     calibrate: CalibrateParams
     simulator: SimulatorParams
+    demo: DemoParams
 
 
 def load_params(path: str | Path = DEFAULT_PARAMS) -> Params:

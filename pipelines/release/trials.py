@@ -24,7 +24,7 @@ import pyarrow.dataset as ds
 from edge.bundle import CONFIG_FILE, MODEL_FILE, parse_pointer, pointer_key
 from edge.channels import Channel, KeyNotFoundError, open_channel, upload_bundle
 from edge.integrity import sha256_bytes
-from edge.trials import ARMS, new_request_id, publish_request, withdraw_request
+from edge.trials import ARMS, close_request, new_request_id, publish_request, withdraw_request
 from pipelines.contract.params import GateParams, TrialsParams
 from pipelines.contract.schema import EPISODES_SCHEMA, TRIAL_COLUMNS
 from pipelines.ingest import read_dataset
@@ -149,6 +149,11 @@ def withdraw_trial_request(channel: Channel | str, request: dict[str, Any], reas
     """Delete the request from the channel, so the cell stops working on it; True if it was
     still there."""
     return withdraw_request(_open(channel), request["cell_id"], request["request_id"], reason)
+
+
+def close_trial_request(channel: Channel | str, request: dict[str, Any], reason: str) -> bool:
+    """Delete a judged request from the channel (the cell already ran it)."""
+    return close_request(_open(channel), request["cell_id"], request["request_id"], reason)
 
 
 # --- completion ----------------------------------------------------------------------------
