@@ -222,6 +222,10 @@ def run_cell(
     ground_truth: Annotated[
         bool, typer.Option(help="keep .groundtruth side files (replays cost sim time)")
     ] = True,
+    shifts: Annotated[
+        int | None,
+        typer.Option(min=1, help="production shifts to record, then only trials (default: no end)"),
+    ] = None,
     params_path: ParamsOpt = Path("params.yaml"),
     as_json: Annotated[
         bool, typer.Option("--json", help="a JSON summary on stdout at exit")
@@ -244,6 +248,7 @@ def run_cell(
     config = CellRunConfig(
         cell_id, world, channel, landing, box, episodes_per_shift, seed, speed, poll_s, ground_truth
     )
+    config = dataclasses.replace(config, max_shifts=shifts)
     try:
         process = CellProcess(
             config, dataclasses.replace(params.cell, cell_id=cell_id), params.record

@@ -48,6 +48,7 @@ class CellRunConfig:
     poll_s: float = 2.0  # wall seconds between pulls, and between looks for trial requests
     ground_truth: bool = True
     idle_log_s: float = IDLE_LOG_S
+    max_shifts: int | None = None  # production shifts to record; then the cell only runs trials
 
 
 class CellProcess:
@@ -138,11 +139,15 @@ class CellProcess:
         request = self.trials.next_request()
         if request is not None:
             self.trials.run(request)
-        elif model is not None:
+        elif model is not None and not self._production_done():
             self.production.episode(model)
         else:
             self.stop.wait(self.config.poll_s)
             self.clock.catch_up()
+
+    def _production_done(self) -> bool:
+        done = self.config.max_shifts is not None
+        return done and self.line.shifts_ended >= self.config.max_shifts
 
     def summary(self, wall_s: float) -> dict[str, Any]:
         model = self.box.model
