@@ -97,13 +97,6 @@ class RecordParams:
 
 
 @dataclass(frozen=True, config=_STRICT)
-class CollectParams:
-    episodes: int
-    seed: int
-    interventions: bool
-
-
-@dataclass(frozen=True, config=_STRICT)
 class IngestParams:
     landing: str
     dataset: str
@@ -143,7 +136,6 @@ class TrainParams:
 @dataclass(frozen=True, config=_STRICT)
 class TrialsParams:
     episodes: int  # per arm, in one attempt (docs/operations.md, the cell contract)
-    seed: int
     timeout_s: PositiveFloat  # a request not complete by then is withdrawn: no promotion
     poll_s: PositiveFloat  # the loop ingests and checks for completion this often
 
@@ -248,7 +240,6 @@ class Params:
     cell: CellParams
     pretrain: PretrainParams
     record: RecordParams
-    collect: CollectParams
     ingest: IngestParams
     validate: ValidateParams
     train: TrainParams
