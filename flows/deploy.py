@@ -24,7 +24,6 @@ import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
-from urllib.parse import urlparse
 
 import typer
 
@@ -85,12 +84,13 @@ def deploy_initial(
     from edge.bundle import check_name
     from edge.channels import open_channel
     from edge.errors import EdgeError
+    from pipelines.release import channel_location
 
     try:
         check_name(cell_id, "cell id")
         with tempfile.TemporaryDirectory(prefix="realloop-deploy-") as tmp:
             staged = _staged_policy(Path(policy_folder), Path(tmp))
-            channel_uri = _channel_location(params.promote.channel, workspace)
+            channel_uri = channel_location(params.promote.channel, workspace)
             channel = open_channel(channel_uri)
             return _deploy(params, staged, cell_id, reason, force, channel, channel_uri)
     except EdgeError as exc:
@@ -277,14 +277,6 @@ def _record_override(model: str, version: str, run_id: str, tags: dict, override
         client.set_model_version_tag(model, version, key, value)
         client.set_tag(run_id, key, value)
     client.log_dict(run_id, override, OVERRIDE_FILE)
-
-
-def _channel_location(channel: str, workspace: Path) -> str:
-    """s3:// and file:// as they are; a plain path relative to the workspace."""
-    scheme = urlparse(channel).scheme
-    if scheme and len(scheme) > 1:
-        return channel
-    return str(workspace / channel)
 
 
 def _sha256(path: Path) -> str:
