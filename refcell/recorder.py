@@ -12,7 +12,6 @@ grows); its uploader sends a file to the landing zone only once it is closed.
 
 from __future__ import annotations
 
-import io
 import json
 from collections import deque
 from collections.abc import Iterator
@@ -29,6 +28,7 @@ from pipelines.contract.params import CellParams, RecordParams
 from refcell.cell import PART_LIMIT_M, Cell
 from refcell.rosmsgs import DATATYPES, message_definition, stamp
 from refcell.runner import StepRecord
+from refcell.snapshot import caption, snapshot_png
 
 SOFTWARE_VERSION = "refcell-0.1.0"
 EPISODE_GAP_S = 2.0  # part changeover between episodes
@@ -309,7 +309,9 @@ class ShiftRecorder:
         self.episode.captured.add(reason)
         t = self._time_ns(record)
         stem = f"{self.episode.episode_id}_{reason}"
-        snapshot, image = f"{stem}.png", _snapshot_png(cell)
+        time_iso = _iso(t)
+        snapshot = f"{stem}.png"
+        image = snapshot_png(cell, record, caption(reason, time_iso, record, note))
         window = _McapFile(self.captures_dir / f"{stem}.mcap", self._metadata(-1))
         for step_messages in self.window:
             for message in step_messages:
@@ -319,7 +321,7 @@ class ShiftRecorder:
         _write_atomically(self.captures_dir / snapshot, image)
         sidecar = {
             "reason": reason,
-            "time": _iso(t),
+            "time": time_iso,
             "log_time_ns": t,
             "episode_id": self.episode.episode_id,
             "step": record.index,
@@ -376,28 +378,3 @@ def _write_atomically(path: Path, data: bytes) -> None:
 
 def _iso(t_ns: int) -> str:
     return datetime.fromtimestamp(t_ns / 1e9, tz=UTC).isoformat()
-
-
-def _snapshot_png(cell: Cell, pixels: int = 64) -> bytes:
-    """A top-down snapshot of the table (what the cell camera would keep for review)."""
-    import matplotlib.image
-
-    image = np.full((pixels, pixels, 3), 0.85)
-    state = cell.true_state()
-    for xy, radius, colour in (
-        (state.target, cell.params.success_tolerance_m, (0.2, 0.7, 0.2)),
-        (state.part, cell.part.size_m, (0.2, 0.3, 0.8)),
-        (state.pusher, 0.012, (0.8, 0.2, 0.2)),
-    ):
-        _disc(image, xy, radius, colour)
-    buffer = io.BytesIO()
-    matplotlib.image.imsave(buffer, image, format="png")
-    return buffer.getvalue()
-
-
-def _disc(image: np.ndarray, xy, radius: float, colour) -> None:
-    pixels = image.shape[0]
-    scale = pixels / 0.6  # the image spans the table's +-0.3 m
-    yy, xx = np.mgrid[0:pixels, 0:pixels]
-    cx, cy = (xy[0] + 0.3) * scale, (0.3 - xy[1]) * scale
-    image[(xx - cx) ** 2 + (yy - cy) ** 2 <= (radius * scale) ** 2] = colour

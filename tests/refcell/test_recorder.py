@@ -156,10 +156,37 @@ def test_captures_written_on_each_kind_of_event(params, tmp_path):
             window = sidecar.with_suffix(".mcap")
             messages, _, attachments, _ = read_all(window)
             assert messages and attachments == meta["attachments"]
-            assert (sidecar.parent / attachments[0]).read_bytes().startswith(b"\x89PNG")
+            assert_reviewable_snapshot(sidecar.parent / attachments[0])
     assert {"low_confidence", "operator_flag", "safety_stop", "near_failure", "retry"} <= set(
         reasons
     )
+
+
+def assert_reviewable_snapshot(path: Path) -> None:
+    """At least 320 x 240, with the caption (reason, time, confidence) drawn across the top."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        assert image.format == "PNG" and image.width >= 320 and image.height >= 240
+        pixels = np.asarray(image.convert("L"))
+    caption_band = pixels[: pixels.shape[0] // 6]
+    assert (caption_band < 80).sum() > 200  # dark text pixels, not an empty band
+
+
+def test_snapshot_caption_says_why_when_and_what_perception_saw():
+    from refcell.runner import StepRecord
+    from refcell.snapshot import caption
+
+    observation = np.zeros(12, dtype=np.float32)
+    observation[4:8] = [0.1, -0.05, 0.0, 0.31]
+    record = StepRecord(17, 0.85, observation, np.array([0.5, -1.0]), False, None, None, None)
+    text = caption("low_confidence", "2026-11-30T06:00:00.850000+00:00", record, "blurred")
+    assert text.splitlines() == [
+        "low_confidence at step 17, 2026-11-30T06:00:00.850000+00:00",
+        "blurred",
+        "perceived part (+0.100, -0.050) m, confidence 0.31",
+        "commanded (+0.50, -1.00) of max speed",
+    ]
 
 
 def test_interventions_are_logged_with_corrected_actions(params, tmp_path):
