@@ -21,6 +21,25 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
+
+
+def _print_version(requested: bool) -> None:
+    if requested:
+        from importlib.metadata import version
+
+        print(f"realloop {version('realloop')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="print the version"
+    ),
+) -> None:
+    """realloop: real line logs in, gated and promoted models out to the edge box."""
+
+
 app.add_typer(cell.app, name="cell")
 app.command()(commands.loop)
 app.command()(commands.ingest)

@@ -28,7 +28,7 @@ def fails_cleanly(command: Callable) -> Callable:
     def wrapper(*args, **kwargs):
         try:
             return command(*args, **kwargs)
-        except (CommandError, FileNotFoundError, ValueError) as exc:
+        except (CommandError, FileNotFoundError, LookupError, ValueError) as exc:
             message = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
             print(f"realloop: {message}", file=sys.stderr)
             raise typer.Exit(1) from None

@@ -163,7 +163,17 @@ def production_version(
 def model_version_info(
     registered_model: str, version: str, *, workspace: Path | None = None
 ) -> ModelVersionInfo:
-    mv = mlflow_client(workspace).get_model_version(registered_model, str(version))
+    """One version's run, source, tags and aliases; LookupError (one line, saying which versions
+    exist) when the registry has no such version."""
+    from mlflow.exceptions import MlflowException
+
+    client = mlflow_client(workspace)
+    try:
+        mv = client.get_model_version(registered_model, str(version))
+    except MlflowException as exc:
+        if exc.error_code not in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+            raise
+        raise LookupError(_no_such_version(client, registered_model, version)) from None
     return ModelVersionInfo(
         registered_model=registered_model,
         version=str(mv.version),  # an int from the SQL store, a str over REST
@@ -171,6 +181,26 @@ def model_version_info(
         source=mv.source,
         tags=dict(mv.tags),
         aliases=list(mv.aliases),
+    )
+
+
+def _no_such_version(client: MlflowClient, registered_model: str, version: str) -> str:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        found = sorted(
+            int(mv.version) for mv in client.search_model_versions(f"name = '{registered_model}'")
+        )
+    except MlflowException:
+        found = []
+    if not found:
+        return (
+            f"{registered_model} version {version}: no version of {registered_model} is "
+            f"registered in this workspace yet; run `realloop loop` or `realloop train` first"
+        )
+    return (
+        f"{registered_model} version {version}: not in the registry, which has versions "
+        f"{found[0]} to {found[-1]}"
     )
 
 

@@ -162,3 +162,12 @@ def test_sources_are_described_from_the_index_when_not_checked_out(fleet):
     (workspace / lineage.SOURCE_INDEX).unlink()  # without the index: what the folder holds
     again = lineage.model_lineage(workspace, dataset, model, models[1])
     assert [s["uri"] for s in again["sources"]] == ["s3://fleet/cell-07/a.mcap", None]
+
+
+def test_an_unknown_version_is_one_line_saying_which_exist(fleet):
+    workspace, dataset, model, _, _, models = fleet
+    with pytest.raises(LookupError) as raised:
+        lineage.model_lineage(workspace, dataset, model, "99")
+    assert str(raised.value) == (
+        f"{model} version 99: not in the registry, which has versions 1 to {len(models)}"
+    )
