@@ -97,6 +97,16 @@ class RecordParams:
 
 
 @dataclass(frozen=True, config=_STRICT)
+class DecodeLimitParams:
+    """pipelines.ingest.mcap.DecodeLimits, as params.yaml spells it."""
+
+    max_chunk_bytes: int
+    max_compression_ratio: float
+    max_records_per_chunk: int
+    max_chunks_per_file: int
+
+
+@dataclass(frozen=True, config=_STRICT)
 class IngestParams:
     landing: str
     dataset: str
@@ -107,6 +117,7 @@ class IngestParams:
     max_file_bytes: int  # a landed file larger than this is quarantined before decoding
     max_clock_jump_s: float  # a longer gap between steps of one episode is a clock jump
     joint_limit_margin_m: float  # readings beyond cell.safety.joint_limit_m + this: quarantined
+    decode_limits: DecodeLimitParams  # what one MCAP file may ask of the decoder
 
 
 @dataclass(frozen=True, config=_STRICT)

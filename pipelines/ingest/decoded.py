@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from pipelines.contract import schema
-from pipelines.ingest.mcap import ChannelInfo, TopicArrays
+from pipelines.ingest.mcap import ChannelInfo, DecodeLimits, TopicArrays
 from pipelines.ingest.mcap.decode import decode
 
 METADATA_KEYS = (
@@ -111,7 +111,7 @@ def check_channels(channels: Iterable[tuple[str, str, str, str]]) -> None:
             )
 
 
-def decode_log(path: Path) -> DecodedLog:
+def decode_log(path: Path, limits: DecodeLimits | None = None) -> DecodedLog:
     """`shift_log.read_log` without its container checks: the same DecodedLog (fields, dtypes,
     order).
 
@@ -127,7 +127,7 @@ def decode_log(path: Path) -> DecodedLog:
     def check(channel: ChannelInfo) -> None:
         check_channels([_channel_tuple(channel)])
 
-    log = decode(Path(path), topics=set(TOPIC_TYPES), check_channel=check)
+    log = decode(Path(path), topics=set(TOPIC_TYPES), check_channel=check, limits=limits)
     joints = log.topics.get(schema.TOPIC_JOINT_STATES)
     if joints is not None:
         _check_joints(joints, list(schema.JOINT_NAMES), ContractViolation)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from importlib import metadata as importlib_metadata
 from pathlib import Path
@@ -46,6 +46,7 @@ from pipelines.ingest.digests import episode_digests
 from pipelines.ingest.exports import build_export_tables, read_export
 from pipelines.ingest.landing_layout import JSONL_SUFFIX, LOG_SUFFIX, PARQUET_SUFFIX, landing_files
 from pipelines.ingest.log_tables import build_tables
+from pipelines.ingest.mcap import DecodeLimits
 from pipelines.ingest.quarantine import quarantine_file
 from pipelines.ingest.report import INGESTED, QUARANTINED, SKIPPED, FileResult, IngestReport
 from pipelines.ingest.shift_log import read_log
@@ -292,7 +293,7 @@ def _decode(
 ) -> tuple[pa.Table, pa.Table, dict[str, int]]:
     """(episodes, steps, unknown topics or columns) of a log or an export, values checked."""
     if path.suffix == LOG_SUFFIX:
-        log = read_log(path)
+        log = read_log(path, DecodeLimits(**asdict(params.decode_limits)))
         episodes, steps = build_tables(
             log, cell, params.min_steps, provenance, max_clock_jump_s=params.max_clock_jump_s
         )

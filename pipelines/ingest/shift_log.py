@@ -16,15 +16,15 @@ from pipelines.ingest.decoded import (
     UnreadableLog,
     decode_log,
 )
-from pipelines.ingest.mcap import MCAP_MAGIC, McapDecodeError
+from pipelines.ingest.mcap import MCAP_MAGIC, DecodeLimits, McapDecodeError
 
 _READ_BLOCK = 1 << 20
 
 
-def read_log(path: Path) -> DecodedLog:
+def read_log(path: Path, limits: DecodeLimits | None = None) -> DecodedLog:
     """Decode one MCAP shift log: container checks (incl. the summary CRC), then the
     vectorized decoder of pipelines/ingest/mcap/decode.py on the contract's topics (extra topics are
-    only counted).
+    only counted), held to `limits` (default DecodeLimits()).
 
     Raises UnreadableLog for anything that is not a complete, intact MCAP file,
     ContractViolation for a contract topic with another encoding or message type.
@@ -32,19 +32,22 @@ def read_log(path: Path) -> DecodedLog:
     path = Path(path)
     check_container(path)
     try:
-        return decode_log(path)
+        return decode_log(path, limits)
     except QuarantineError:
         raise
     except McapDecodeError as exc:
         message = str(exc).splitlines()[0]
         if exc.kind in ("unknown_encoding", "unknown_schema"):
             raise ContractViolation(message) from None
-        prefix = "truncated MCAP" if exc.kind == "truncated" else "corrupt MCAP"
+        prefix = _PREFIXES.get(exc.kind, "corrupt MCAP")
         raise UnreadableLog(
             message if message.startswith(prefix) else f"{prefix}: {message}"
         ) from None
     except Exception as exc:  # untrusted bytes: any failure to decode means unreadable
         raise UnreadableLog(_decode_failure(exc)) from None
+
+
+_PREFIXES = {"truncated": "truncated MCAP", "over_limit": "refused MCAP"}
 
 
 def _decode_failure(exc: Exception) -> str:

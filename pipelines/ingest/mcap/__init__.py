@@ -11,10 +11,12 @@ from pipelines.ingest.mcap.decode import (
     iter_batches,
     scan_records,
 )
+from pipelines.ingest.mcap.limits import DecodeLimits
 
 __all__ = [
     "MCAP_MAGIC",
     "ChannelInfo",
+    "DecodeLimits",
     "McapDecodeError",
     "TopicArrays",
     "iter_batches",

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from pipelines.ingest.mcap.limits import DecodeLimits
 from pipelines.ingest.mcap.records import (
     _MESSAGE_HEAD,
     _OP_CHANNEL,
@@ -22,12 +23,11 @@ from pipelines.ingest.mcap.records import (
 from pipelines.ingest.mcap.results import (
     CORRUPT,
     CRC_MISMATCH,
+    OVER_LIMIT,
     UNKNOWN_COMPRESSION,
     McapDecodeError,
 )
 from pipelines.ingest.mcap.scan import scan_records
-
-_MAX_CHUNK_BYTES = 1 << 32  # uncompressed; writers use about 1 MiB
 
 # Takes one Schema or Channel record met inside a chunk: (opcode, record body).
 Define = Callable[[int, bytes], None]
@@ -59,16 +59,17 @@ def chunk_data(
 
 
 class ChunkDecompressor:
-    """Decompresses chunk data; keeps one zstd decompressor per reader, made on first use."""
+    """Decompresses chunk data within `limits`; keeps one zstd decompressor per reader, made
+    on first use."""
 
-    def __init__(self):
+    def __init__(self, limits: DecodeLimits):
         self._zstd = None
+        self.limits = limits
 
     def __call__(self, data, compression: str, size: int, at: int) -> bytes:
-        if size > _MAX_CHUNK_BYTES:
-            raise McapDecodeError(
-                CORRUPT, f"chunk at byte {at} claims {size} bytes uncompressed: implausible"
-            )
+        refusal = self.limits.chunk_refusal(size, len(data))
+        if refusal is not None:  # before a single byte is inflated
+            raise McapDecodeError(OVER_LIMIT, f"chunk at byte {at} {refusal}")
         try:  # never more output than the chunk declares (a corrupt header is no zip bomb)
             if compression == "zstd":
                 import zstandard
@@ -107,7 +108,9 @@ class ChunkDecompressor:
         return out
 
 
-def indexed_heads(data: bytes, indexes: list[bytes], define: Define) -> _MessageHeads | None:
+def indexed_heads(
+    data: bytes, indexes: list[bytes], define: Define, max_records: int
+) -> _MessageHeads | None:
     """Message offsets from the chunk's MessageIndex records, if they check out."""
     parts = []
     for body in indexes:
@@ -117,6 +120,8 @@ def indexed_heads(data: bytes, indexes: list[bytes], define: Define) -> _Message
         if n % 16 or 6 + n > len(body):
             return None
         parts.append(np.frombuffer(body, "<u8", count=n // 8, offset=6)[1::2])
+    if sum(map(len, parts)) > max_records:
+        return None  # the scan that replaces it stops at the limit and says so
     offs = np.concatenate(parts) if parts else np.zeros(0, np.uint64)
     size = len(data)
     if not len(offs) or int(offs.max()) > size - _MESSAGE_HEAD:
@@ -140,7 +145,7 @@ def indexed_heads(data: bytes, indexes: list[bytes], define: Define) -> _Message
     gaps = np.flatnonzero(gap_end != gap_start)
     for g in gaps.tolist():  # Schema and Channel records between messages
         a, b = int(gap_start[g]), int(gap_end[g])
-        offs_g, ops_g, _ = scan_records(data, a, b)
+        offs_g, ops_g, _ = scan_records(data, a, b, max_records=max_records)
         if (ops_g == _OP_MESSAGE).any():
             return None  # a message the index does not list
         for o, op in zip(offs_g.tolist(), ops_g.tolist(), strict=True):
@@ -150,9 +155,9 @@ def indexed_heads(data: bytes, indexes: list[bytes], define: Define) -> _Message
     return heads
 
 
-def scanned_heads(data: bytes, define: Define) -> _MessageHeads:
+def scanned_heads(data: bytes, define: Define, max_records: int) -> _MessageHeads:
     """The chunk's records found by a scan: Schema and Channel records go to `define`."""
-    offs, ops, _ = scan_records(data, 0, len(data))
+    offs, ops, _ = scan_records(data, 0, len(data), max_records=max_records)
     for o in offs[(ops == _OP_SCHEMA) | (ops == _OP_CHANNEL)].tolist():
         op, length = _RECORD.unpack_from(data, o)
         define(op, memoryview(data)[o + 9 : o + 9 + length])

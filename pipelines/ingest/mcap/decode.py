@@ -44,6 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from pipelines.ingest.mcap.cdr_columns import _TypeDecoder
+from pipelines.ingest.mcap.limits import DecodeLimits
 from pipelines.ingest.mcap.reader import McapDecoder
 from pipelines.ingest.mcap.records import MCAP_MAGIC
 from pipelines.ingest.mcap.results import (
@@ -174,6 +175,7 @@ def decode(
     unknown_types: str = "count",
     validate_crcs: bool = True,
     check_channel: Callable[[ChannelInfo], None] | None = None,
+    limits: DecodeLimits | None = None,
 ) -> DecodedMcap:
     """Decode a whole MCAP file; each topic sorted by log time (stable: file order on ties).
 
@@ -186,6 +188,7 @@ def decode(
         unknown_types=unknown_types,
         validate_crcs=validate_crcs,
         check_channel=check_channel,
+        limits=limits,
     )
     parts: dict[str, list[TopicArrays]] = {}
     for batch in reader.batches():

@@ -15,6 +15,7 @@ import numpy as np
 
 from pipelines.ingest.mcap.cdr_columns import _arrays, _TypeDecoder
 from pipelines.ingest.mcap.chunks import ChunkDecompressor, chunk_data, indexed_heads, scanned_heads
+from pipelines.ingest.mcap.limits import DecodeLimits
 from pipelines.ingest.mcap.records import (
     _MESSAGE_HEAD,
     _OP_ATTACHMENT,
@@ -41,6 +42,7 @@ from pipelines.ingest.mcap.results import (
     CORRUPT,
     CRC_MISMATCH,
     EMPTY,
+    OVER_LIMIT,
     TRUNCATED,
     UNKNOWN_ENCODING,
     UNKNOWN_SCHEMA,
@@ -81,6 +83,7 @@ class McapDecoder:
         unknown_types: str = "count",
         validate_crcs: bool = True,
         check_channel: Callable[[ChannelInfo], None] | None = None,
+        limits: DecodeLimits | None = None,
     ):
         if unknown_types not in ("count", "raise"):
             raise ValueError("unknown_types must be 'count' or 'raise'")
@@ -99,7 +102,8 @@ class McapDecoder:
         self._schemas: dict[int, tuple[str, str, bytes]] = {}
         self._channels: dict[int, _Channel] = {}
         self._decoders: dict[str, _TypeDecoder] = {}
-        self._decompress = ChunkDecompressor()
+        self.limits = limits or DecodeLimits()
+        self._decompress = ChunkDecompressor(self.limits)
 
     @property
     def channels(self) -> list[ChannelInfo]:
@@ -336,10 +340,17 @@ class McapDecoder:
 
     # -- chunks -----------------------------------------------------------------------------
     def _chunk(self, at: int, body: bytes, indexes: list[bytes]) -> dict[str, TopicArrays]:
+        if len(self.chunks) >= self.limits.max_chunks_per_file:
+            raise McapDecodeError(
+                OVER_LIMIT,
+                f"more than {self.limits.max_chunks_per_file} chunks "
+                "(ingest.decode_limits.max_chunks_per_file): a chunk flood",
+            )
         start, end, compression, data = chunk_data(at, body, self._decompress, self.validate_crcs)
-        heads = indexed_heads(data, indexes, self._definition) if indexes else None
+        most = self.limits.max_records_per_chunk
+        heads = indexed_heads(data, indexes, self._definition, most) if indexes else None
         if heads is None:
-            heads = scanned_heads(data, self._definition)
+            heads = scanned_heads(data, self._definition, most)
         self.chunks.append(ChunkInfo(start, end, at, 9 + len(body), compression, len(heads.offs)))
         return self._messages(data, heads)
 

@@ -17,6 +17,7 @@ CORRUPT = "corrupt"  # bytes that do not parse as MCAP records or CDR messages
 UNKNOWN_COMPRESSION = "unknown_compression"  # a chunk compression other than zstd, lz4, none
 UNKNOWN_ENCODING = "unknown_encoding"  # a message encoding other than cdr, or a CDR variant
 UNKNOWN_SCHEMA = "unknown_schema"  # no schema, an unsupported schema, or one that differs
+OVER_LIMIT = "over_limit"  # asks more work than DecodeLimits allow (a bomb or a record flood)
 KINDS = (
     EMPTY,
     BAD_MAGIC,
@@ -26,6 +27,7 @@ KINDS = (
     UNKNOWN_COMPRESSION,
     UNKNOWN_ENCODING,
     UNKNOWN_SCHEMA,
+    OVER_LIMIT,
 )
 
 
