@@ -119,6 +119,8 @@ def _print_ingest(result: dict) -> None:
     )
     for row in report["quarantined"]:
         stdout.print(f"  quarantined {row['source']}: {row['reason']}", soft_wrap=True)
+    for row in report.get("waiting", []):
+        stdout.print(f"  waiting for {row['source']}: {row['reason']}", soft_wrap=True)
 
 
 @fails_cleanly

@@ -98,6 +98,7 @@ def ingest_one(
     ingested_at: datetime,
     captures: dict,
     source_uri: str | None = None,
+    in_place: bool = False,
 ):
     """Ingest one landed file (`pipelines.ingest.landing.ingest_file`); None when it was moved away
     since the listing (another run quarantined it): it did not land after all."""
@@ -116,6 +117,7 @@ def ingest_one(
             source_uri=source_uri,
             ingested_at=ingested_at,
             captures=captures,
+            in_place=in_place,
         )
     except FileNotFoundError:
         if path.exists():
@@ -258,6 +260,7 @@ class _Run:
         landing: Path,
         sidecars: list[Path],
         objects: dict[str, SourceFile] | None = None,
+        in_place: bool = False,
     ):
         """One task per file, `workers` at a time; returns each file's outcome. Unreadable
         capture sidecars are quarantined first; `objects` (staged path → object) names and
@@ -282,6 +285,7 @@ class _Run:
                 "ingested_at": self.started,
                 "captures": quote(captures),  # handed over as is, not walked for futures
                 "source_uri": file.uri if file.uri.startswith("s3://") else None,
+                "in_place": in_place,
             }
             for file, path in files
         ]
@@ -294,9 +298,13 @@ class _Run:
 
 
 def _from_folder(run: _Run, origin: LandingFolder) -> None:
+    """Files ingested where they landed, their writers perhaps still writing them."""
+    from pipelines.ingest import requeue_completed
+
+    requeue_completed(run.quarantine, origin.root, run.params.ingest)
     files, sidecars = list_source(_Scan(origin))
     todo = [f for f in files if not run.already_handled(f, from_s3=False)]
-    run.ingest([(f, origin.root / f.name) for f in todo], origin.root, sidecars)
+    run.ingest([(f, origin.root / f.name) for f in todo], origin.root, sidecars, in_place=True)
 
 
 def _from_s3(run: _Run, origin: S3Prefix) -> None:

@@ -116,6 +116,8 @@ class IngestParams:
     schedule_interval_s: int
     max_file_bytes: int  # a landed file larger than this is quarantined before decoding
     max_clock_jump_s: float  # a longer gap between steps of one episode is a clock jump
+    settle_s: float  # a closed log in the landing folder is ingested once unchanged this long
+    stale_after_s: float  # a log without its footer unchanged this long is truncated, not open
     joint_limit_margin_m: float  # readings beyond cell.safety.joint_limit_m + this: quarantined
     decode_limits: DecodeLimitParams  # what one MCAP file may ask of the decoder
 

@@ -2,6 +2,7 @@
 (batches, manifest, quarantine, locks) and version the dataset (DVC + git)."""
 
 from pipelines.ingest.captures import ingest_captures
+from pipelines.ingest.in_place import requeue_completed
 from pipelines.ingest.landing import ALREADY_INGESTED, ingest_file
 from pipelines.ingest.landing_layout import CAPTURES_DIR
 from pipelines.ingest.quarantine import quarantine_file
@@ -64,6 +65,7 @@ __all__ = [
     "quarantine_file",
     "read_dataset",
     "record_in_manifest",
+    "requeue_completed",
     "require_latest",
     "safe_parts",
     "sha256_file",

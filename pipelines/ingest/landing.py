@@ -44,11 +44,19 @@ from pipelines.ingest.captures import (
 from pipelines.ingest.decoded import QuarantineError
 from pipelines.ingest.digests import episode_digests
 from pipelines.ingest.exports import build_export_tables, read_export
+from pipelines.ingest.in_place import requeue_completed, still_being_written
 from pipelines.ingest.landing_layout import JSONL_SUFFIX, LOG_SUFFIX, PARQUET_SUFFIX, landing_files
 from pipelines.ingest.log_tables import build_tables
 from pipelines.ingest.mcap import DecodeLimits
 from pipelines.ingest.quarantine import quarantine_file
-from pipelines.ingest.report import INGESTED, QUARANTINED, SKIPPED, FileResult, IngestReport
+from pipelines.ingest.report import (
+    INGESTED,
+    QUARANTINED,
+    SKIPPED,
+    WAITING,
+    FileResult,
+    IngestReport,
+)
 from pipelines.ingest.shift_log import read_log
 from pipelines.ingest.store import _fsync_dirs, _stage, _Store, sha256_file
 from pipelines.ingest.tables import Provenance, check_values
@@ -71,6 +79,7 @@ def ingest_file(
     *,
     ingested_at: datetime | None = None,
     captures: Mapping[str, list[Capture]] | None = None,
+    in_place: bool = False,
 ) -> FileResult:
     """Ingest one landed file (an MCAP log or a JSONL/Parquet export): into the dataset, or
     into quarantine with a reason, or skipped because its content is there already.
@@ -81,6 +90,8 @@ def ingest_file(
     and in `captures/` next to the file. Raises FileNotFoundError when the file is gone
     before it could be ingested (another run quarantined it, or it was removed): that file
     did not land after all. Safe to run concurrently, from threads or processes.
+    `in_place`: the file is where its writer may still be writing it (a landing folder, not
+    a downloaded copy): a log its writer has not closed is left "waiting" (see `in_place`).
     """
     path, landing, quarantine = Path(path), Path(landing), Path(quarantine)
     store = _Store(dataset)
@@ -103,6 +114,9 @@ def ingest_file(
         return _Landed(store, path, quarantine, run_id, source).quarantined(reason)
     if not stat.S_ISREG(info.st_mode):
         return landed.quarantined(f"not a regular file ({_file_kind(info.st_mode)})")
+    waiting = still_being_written(path, params) if in_place else None
+    if waiting:  # not recorded in the manifest: it has not landed yet
+        return FileResult(landed.source, "", info.st_size, WAITING, waiting, 0, 0, None)
     landed = replace(landed, sha=sha256_file(path), size=info.st_size)
     refused = _refusal(path, landed.size, params)
     if refused:
@@ -374,6 +388,7 @@ def ingest_landing(
     store.remove_stale_temporaries()
     ingested_at = ingested_at or datetime.now(UTC)
     report = IngestReport(run_id)
+    requeue_completed(quarantine, landing, params)
     files, sidecars = landing_files(landing, exclude=(dataset, quarantine, store.manifest))
     captures, rejected = ingest_captures(sidecars, dataset, quarantine, run_id)
     for result in rejected:
@@ -390,6 +405,7 @@ def ingest_landing(
                 run_id,
                 ingested_at=ingested_at,
                 captures=captures,
+                in_place=True,
             )
         except FileNotFoundError:
             pass  # moved away since the listing (another run quarantined it): not ours

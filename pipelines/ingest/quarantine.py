@@ -71,6 +71,20 @@ def quarantine_file(
     }
 
 
+def release_from_quarantine(path: Path, landing: Path) -> Path:
+    """Move a quarantined file back into `landing` (under a free name) and drop its reason
+    file, so that the next ingest examines it again; return its new path."""
+    with _quarantine_lock(path.parent):
+        stem, suffix = path.stem, path.suffix
+        names = [path.name, *(f"{stem}.requeued-{i}{suffix}" for i in range(2, 1000))]
+        dest = next(landing / name for name in names if not os.path.lexists(landing / name))
+        landing.mkdir(parents=True, exist_ok=True)
+        os.rename(path, dest)  # the landing and quarantine folders share the workspace's disk
+        path.with_name(path.name + REASON_SUFFIX).unlink(missing_ok=True)
+        _fsync_dirs(landing, path.parent)
+    return dest
+
+
 @contextmanager
 def _quarantine_lock(quarantine: Path) -> Iterator[None]:
     fd = os.open(quarantine / ".quarantine.lock", os.O_RDWR | os.O_CREAT, 0o644)

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 
 INGESTED, SKIPPED, QUARANTINED = "ingested", "skipped", "quarantined"
+WAITING = "waiting"  # a log its writer has not closed yet: examined again by the next run
 
 
 @dataclass(frozen=True)
@@ -16,7 +17,7 @@ class FileResult:
     source: str  # URI as given: a local path, or s3://... from the sources module
     sha256: str  # "" only when the file was never read (its path escapes the landing folder)
     size: int
-    result: str  # "ingested" | "skipped" | "quarantined"
+    result: str  # "ingested" | "skipped" | "quarantined" | "waiting"
     reason: str | None  # why it was skipped or quarantined (or what was left out of it)
     episodes: int
     steps: int
@@ -33,6 +34,7 @@ class IngestReport:
     ingested: list[dict] = field(default_factory=list)  # source, sha256, size, episodes, steps
     skipped: list[dict] = field(default_factory=list)  # source, sha256, size, reason
     quarantined: list[dict] = field(default_factory=list)  # source, sha256, reason, moved_to
+    waiting: list[dict] = field(default_factory=list)  # source, size, reason (not yet landed)
     unknown_topics: dict[str, int] = field(default_factory=dict)  # over all ingested files
 
     @classmethod
@@ -57,6 +59,8 @@ class IngestReport:
             self.skipped.append(row | {"reason": result.reason})
         elif result.result == QUARANTINED:
             self.quarantined.append(row | {"reason": result.reason, "moved_to": result.moved_to})
+        elif result.result == WAITING:
+            self.waiting.append(row | {"reason": result.reason})
         else:
             raise ValueError(f"unknown ingest result {result.result!r}")
 
@@ -69,8 +73,10 @@ class IngestReport:
             "steps_ingested": sum(f["steps"] for f in self.ingested),
             "files_skipped": len(self.skipped),
             "files_quarantined": len(self.quarantined),
+            "files_waiting": len(self.waiting),
             "unknown_topics": dict(sorted(self.unknown_topics.items())),
             "ingested": list(self.ingested),
             "skipped": list(self.skipped),
             "quarantined": list(self.quarantined),
+            "waiting": list(self.waiting),
         }

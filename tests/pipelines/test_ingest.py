@@ -21,6 +21,7 @@ from tests.pipelines.test_ingest_helpers import (
     EPISODES,
     PER_FILE,
     ObservingExpert,
+    abandoned,
     copy_landing,
     ingest,
     recorded_shift,
@@ -240,6 +241,7 @@ def make_bad_files(landing: Path, good: Path, dt_ns: int) -> dict[str, str]:
     """Bad logs next to good ones; name → words its quarantine reason must hold."""
     data = good.read_bytes()
     (landing / "cut.mcap").write_bytes(data[: len(data) // 2])
+    abandoned(landing / "cut.mcap")
     (landing / "notes.mcap").write_text("operator notes, not a log\n")
     (landing / "empty.mcap").write_bytes(b"")
     rewrite(good, landing / "no-confidence.mcap", drop_topic=schema.TOPIC_PART_CONFIDENCE)

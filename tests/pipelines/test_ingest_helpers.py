@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -88,6 +89,14 @@ def recorded_shift() -> tuple[Path, dict, np.ndarray]:
         progress=stop_at_last_episode,
     )
     return out, summary, np.array(controller.seen)
+
+
+def abandoned(path: Path, hours: float = 1.0) -> Path:
+    """Make `path` look untouched for `hours`: a cut log whose writer is gone (not one still
+    being written, which ingest leaves alone until ingest.stale_after_s)."""
+    then = datetime.now(UTC).timestamp() - hours * 3600
+    os.utime(path, (then, then))
+    return path
 
 
 def copy_landing(shift, tmp_path: Path, captures: bool = True) -> Path:

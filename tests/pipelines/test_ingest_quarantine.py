@@ -16,6 +16,7 @@ from pipelines.ingest.quarantine import REASON_SUFFIX
 from pipelines.ingest.store import read_dataset, read_manifest, sha256_file
 from tests.pipelines.test_ingest_helpers import (
     EPISODES,
+    abandoned,
     chunk_offsets,
     copy_landing,
     flip_byte,
@@ -43,6 +44,8 @@ def make_broken_logs(landing: Path, good: Path, dt_ns: int) -> dict[str, str]:
     offset, length = chunk_offsets(good)[0]
     (landing / "cut-mid-chunk.mcap").write_bytes(data[: offset + length // 2])
     (landing / "cut-in-footer.mcap").write_bytes(data[:-20])
+    abandoned(landing / "cut-mid-chunk.mcap")
+    abandoned(landing / "cut-in-footer.mcap")
     (landing / "notes.mcap").write_text("operator notes, not a log\n")
     (landing / "empty.mcap").write_bytes(b"")
     shutil.copy(good, landing / "bad-chunk-crc.mcap")

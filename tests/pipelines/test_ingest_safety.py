@@ -19,6 +19,7 @@ from pipelines.ingest.quarantine import REASON_SUFFIX
 from pipelines.ingest.store import dataset_content_hash, read_dataset, read_manifest, sha256_file
 from tests.pipelines.test_ingest_helpers import (
     RUN_TIME,
+    abandoned,
     copy_landing,
     export_table,
     good_logs,
@@ -55,6 +56,7 @@ def pristine(params, tmp_path_factory) -> Path:
     (landing / "empty.mcap").write_bytes(b"")
     data = first.read_bytes()
     (landing / "cut.mcap").write_bytes(data[: len(data) // 2])
+    abandoned(landing / "cut.mcap")  # copytree keeps the mtime: every copy is abandoned too
     return landing
 
 
