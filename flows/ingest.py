@@ -284,7 +284,7 @@ class _Run:
                 "name": file.name,
                 "ingested_at": self.started,
                 "captures": quote(captures),  # handed over as is, not walked for futures
-                "source_uri": file.uri if file.uri.startswith("s3://") else None,
+                "source_uri": file.uri,  # s3://..., or the path as the workspace names it
                 "in_place": in_place,
             }
             for file, path in files

@@ -12,6 +12,11 @@ them) and each staged log is ingested with `source_uri` = its s3:// URI. A stage
 deleted once it is in the dataset; the bucket keeps the original. A key that would escape
 the staging folder (`..`, empty parts) is staged under a safe name and quarantined.
 
+A local file is named relative to the workspace when it lies inside it
+(`data/landing/<name>`; `workspace_uri`), so that the records of a workspace (manifest,
+episodes' source_uri, lineage) name the same files after it is moved or cloned; a file outside
+it keeps its absolute path. Readers take both, and records written before stay absolute.
+
 `SeenFiles` remembers what happened to each file (by URI, size and fingerprint: the ETag,
 or inode and mtime), so a later run skips a file that is already in the dataset without
 downloading or re-hashing it. It is a cache: the dataset stays the truth.
@@ -24,6 +29,7 @@ which they surface as `TransientSourceError`.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -75,7 +81,7 @@ class SourceFile:
     """One landed file as its source lists it."""
 
     name: str  # the path below the source's root, '/'-separated
-    uri: str  # an absolute local path, or s3://bucket/key
+    uri: str  # a path (relative to the workspace when inside it), or s3://bucket/key
     size: int
     fingerprint: str  # changes when the content may have: the ETag, or inode and mtime
 
@@ -93,9 +99,11 @@ class Source(Protocol):
 class LandingFolder:
     """Files ingested where they landed; what counts as a log is `landing_layout`'s rule."""
 
-    def __init__(self, folder: Path, exclude: Iterable[Path] = ()) -> None:
+    def __init__(
+        self, folder: Path, exclude: Iterable[Path] = (), workspace: Path | None = None
+    ) -> None:
         self.root = Path(folder)
-        self.uri = str(self.root.resolve())
+        self.uri = workspace_uri(self.root, workspace)
         self.exclude = tuple(exclude)
 
     def list(self) -> list[SourceFile]:
@@ -111,8 +119,20 @@ class LandingFolder:
         return [f for f in files if f is not None], sidecars
 
 
+def workspace_uri(path: Path, workspace: Path | None) -> str:
+    """How a local file or folder is recorded: '/'-separated and relative to `workspace` when
+    it lies inside it (symlinks resolved), else its absolute path."""
+    resolved = Path(path).resolve()
+    if workspace is not None:
+        root = Path(workspace).resolve()
+        if resolved.is_relative_to(root):
+            return resolved.relative_to(root).as_posix()
+    return str(resolved)
+
+
 def local_file(path: Path, root: Path, resolved_root: Path | None = None) -> SourceFile | None:
-    """A SourceFile for `path` below `root`, or None when it is gone already."""
+    """A SourceFile for `path` below `root`, or None when it is gone already; its URI is
+    `resolved_root` (the root's recorded name, default: its absolute path) / its name."""
     try:
         stat = path.stat()
     except FileNotFoundError:
@@ -306,7 +326,7 @@ def _hidden(name: str) -> bool:
 def open_source(uri: str | None, landing: Path, workspace: Path, exclude: Iterable[Path] = ()):
     """The source a URI names; None is the landing folder. Relative paths are in `workspace`."""
     if uri is None or uri == "":
-        return LandingFolder(landing, exclude)
+        return LandingFolder(landing, exclude, workspace)
     parsed = urlparse(uri)
     if parsed.scheme == "s3":
         if not parsed.netloc:
@@ -315,11 +335,12 @@ def open_source(uri: str | None, landing: Path, workspace: Path, exclude: Iterab
     if parsed.scheme == "file":
         if parsed.netloc not in ("", "localhost"):
             raise SourceError(f"{uri}: only local file:// URIs are supported")
-        return LandingFolder(Path(unquote(parsed.path)), exclude)
+        return LandingFolder(Path(unquote(parsed.path)), exclude, workspace)
     if parsed.scheme and len(parsed.scheme) > 1:  # "C:" is a drive, not a scheme
         raise SourceError(f"{uri}: unsupported source; use a folder, file:// or s3:// URI")
     folder = Path(uri)
-    return LandingFolder(folder if folder.is_absolute() else Path(workspace) / folder, exclude)
+    folder = folder if folder.is_absolute() else Path(workspace) / folder
+    return LandingFolder(folder, exclude, workspace)
 
 
 # --- what happened to each file -----------------------------------------------------------
@@ -343,7 +364,18 @@ class SeenFiles:
                     continue  # a line cut by a crash: that file is simply looked at again
 
     def get(self, file: SourceFile) -> dict | None:
-        return self._rows.get((file.uri, file.size, file.fingerprint))
+        row = self._rows.get((file.uri, file.size, file.fingerprint))
+        if row is None and not file.uri.startswith(("/", "s3://")):
+            # A line written when landed files were named by their absolute path: the same
+            # file (inode and mtime) under that name, not one hashed again after an upgrade.
+            row = self._absolute.get((file.size, file.fingerprint))
+            if row is not None and not row["uri"].endswith(f"/{file.uri}"):
+                row = None
+        return row
+
+    @functools.cached_property
+    def _absolute(self) -> dict[tuple[int, str], dict]:
+        return {(s, f): row for (uri, s, f), row in self._rows.items() if uri.startswith("/")}
 
     def add(self, file: SourceFile, sha256: str, result: str, reason: str | None = None) -> None:
         row = {

@@ -88,17 +88,39 @@ def ensure_workspace(workspace: Path, remote_url: str, unversioned: tuple[Path, 
             folders = [_ignore_entry(workspace, folder) for folder in unversioned]
             entries = [*LOCAL_STATE, *(f for f in folders if f)]
             gitignore.write_text("".join(f"{entry}\n" for entry in entries))
+    from dvc.config_schema import RelPath
+
+    # A folder is stored relative to .dvc/ (DVC saves a RelPath so and resolves it against the
+    # config file's folder), so a workspace moved or copied elsewhere pushes to its own remote,
+    # never to the one of the folder it was made in.
+    # An absolute remote_url (a shared folder outside the workspace) stays absolute.
+    url = remote_url
+    if "://" not in remote_url and not Path(remote_url).is_absolute():
+        url = RelPath((workspace / remote_url).resolve())
     with _dvc_repo(workspace, init=True) as repo:
-        if repo.config["core"].get("remote"):
+        if repo.config["core"].get("remote") and not _remote_moved(repo, url):
             return  # the team configured one (e.g. `dvc remote add -d store s3://...`)
         # A machine's own folder belongs in config.local, never in the committed config.
         with repo.config.edit("local") as config:
-            url = remote_url if "://" in remote_url else str((workspace / remote_url).resolve())
             remote = {"url": url}
             if url.startswith("s3://") and (endpoint := s3_endpoint_url()):
                 remote["endpointurl"] = endpoint
             config.setdefault("remote", {})[DEFAULT_REMOTE_NAME] = remote
             config.setdefault("core", {})["remote"] = DEFAULT_REMOTE_NAME
+
+
+def _remote_moved(repo, url: str) -> bool:
+    """True when the default remote is the local one realloop wrote as an absolute path
+    (before remotes were relative) where `url` is now relative, or another folder."""
+    from dvc.config_schema import RelPath
+
+    local = repo.config.load_one("local")
+    if local.get("core", {}).get("remote") != DEFAULT_REMOTE_NAME:
+        return False
+    ours = local.get("remote", {}).get(DEFAULT_REMOTE_NAME, {}).get("url", "")
+    if "://" in ours or isinstance(ours, RelPath) or not os.path.isabs(ours):
+        return False  # a URI, or relative already (resolved against this .dvc/)
+    return isinstance(url, RelPath) or ours != url
 
 
 def version_dataset(workspace: Path, dataset: Path, push: bool = True) -> DatasetVersion:

@@ -77,8 +77,17 @@ def current_workspace(workspace: Path | None = None) -> Path:
 
 
 def tracking_uri(workspace: Path) -> str:
-    """MLFLOW_TRACKING_URI when set, else `sqlite:///<workspace>/mlflow.db`."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{_workspace(workspace) / DB_FILE}"
+    """MLFLOW_TRACKING_URI when set, else `sqlite:///<workspace>/mlflow.db`.
+
+    The workspace's own store is re-rooted here first when the workspace was moved or copied
+    since it was written: MLflow keeps only absolute artifact URIs (`store_root` says why)."""
+    if configured := os.environ.get("MLFLOW_TRACKING_URI"):
+        return configured
+    from pipelines.training.store_root import reroot_store
+
+    root = _workspace(workspace)
+    reroot_store(root / DB_FILE, root / ARTIFACTS_DIR)
+    return f"sqlite:///{root / DB_FILE}"
 
 
 def artifact_location(workspace: Path) -> str | None:
