@@ -95,7 +95,7 @@ def _check_ingest(workspace: Path, params_path: Path, source: str | None) -> Non
     """What the flow would refuse, refused here in one line (a failed flow run logs a
     traceback)."""
     from pipelines.contract.params import load_params
-    from pipelines.ingest import LandingFolder, open_source, require_latest
+    from pipelines.ingest import LandingFolder, check_can_version, open_source
 
     params = load_params(params_path)
     origin = open_source(source, workspace / params.ingest.landing, workspace)
@@ -104,7 +104,7 @@ def _check_ingest(workspace: Path, params_path: Path, source: str | None) -> Non
             raise CommandError(f"{origin.root}: landing folder not found")
     else:
         origin.check()  # bucket, credentials, endpoint
-    require_latest(workspace, workspace / params.ingest.dataset)
+    check_can_version(workspace, workspace / params.ingest.dataset)
 
 
 def _print_ingest(result: dict) -> None:

@@ -145,12 +145,12 @@ def ingest_flow(
 ) -> dict:
     """Ingest everything new from `source` (default: the landing folder) and version the
     dataset. `progress` draws bars on stderr (the command line's)."""
-    from pipelines.ingest import versioning
+    from pipelines.ingest import check_can_version
 
     params = load_params(params_path)
     root = Path(workspace).resolve()
     dataset = root / params.ingest.dataset
-    versioning.require_latest(root, dataset)
+    check_can_version(root, dataset)  # before anything is written
     dataset.mkdir(parents=True, exist_ok=True)
     run = _Run(
         params=params,

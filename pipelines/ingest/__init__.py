@@ -2,6 +2,7 @@
 (batches, manifest, quarantine, locks) and version the dataset (DVC + git)."""
 
 from pipelines.ingest.captures import ingest_captures
+from pipelines.ingest.git_state import check_can_version
 from pipelines.ingest.in_place import requeue_completed
 from pipelines.ingest.landing import ALREADY_INGESTED, ingest_file
 from pipelines.ingest.landing_layout import CAPTURES_DIR
@@ -52,6 +53,7 @@ __all__ = [
     "SourceError",
     "SourceFile",
     "TransientSourceError",
+    "check_can_version",
     "checkout_version",
     "current_version",
     "describe_versions",
