@@ -297,7 +297,8 @@ def _cold(dataset: Path, landing: Path, params_path: Path) -> dict:
         raise ValueError(f"cold run failed: {done.stderr.strip().splitlines()[-1]}")
     inside = json.loads(done.stdout)
     docs = Path(inside.pop("data_docs"))
-    inside["data_docs_written"] = docs.is_file() and any((docs.parent / "pages").iterdir())
+    pages = (docs.parent / "validations").rglob("*.html")  # GX's pages, in its site layout
+    inside["data_docs_written"] = docs.is_file() and any(pages)
     return {"wall_s": wall, **inside}
 
 

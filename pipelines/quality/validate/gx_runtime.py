@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from functools import cache
 
 from pipelines.quality.expectations import captures, episodes, steps
+from pipelines.quality.validate.stored import suite_name
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ def runtime() -> Runtime:  # called with GX_LOCK held
     for table, expectations in suites().items():
         asset = source.add_dataframe_asset(table)
         batch_definitions[table] = asset.add_batch_definition_whole_dataframe(table)
-        suite = gx.ExpectationSuite(name=f"realloop-{table}")
+        suite = gx.ExpectationSuite(name=suite_name(table))
         for expectation in expectations:
             suite.add_expectation(expectation)
         built[table] = context.suites.add(suite)

@@ -28,8 +28,10 @@ What is kept, next to the dataset (`<dataset>/../validation/`):
     batches/<sha256>/<suites>/result.json     one batch's verdict under one suite version
     batches/<sha256>/<suites>/gx.json         GX's validation results (the Data Docs' source)
     batches/<sha256>/<suites>/<suite>.html    GX's Data Docs page per suite
+    suites/<suites>/realloop-<suite>.html     GX's page of each suite
     <dataset_version>/report.json             every batch of that version, admissions applied
-    <dataset_version>/index.html              Data Docs index of the version, links to pages/
+    <dataset_version>/index.html              Data Docs index of the version: a GX Data Docs
+                                              site (validations/, expectations/, static/)
     admissions.jsonl                          append-only: who re-admitted which batch, why
 
 `<suites>` is a fingerprint of the suites' code, the contract and the limits. A batch's files
@@ -53,7 +55,12 @@ from pipelines.contract.schema import EPISODES_SCHEMA, STEPS_SCHEMA, TRIAL_COLUM
 from pipelines.ingest import current_version
 from pipelines.quality.expectations.common import CRITICAL, WARNING
 from pipelines.quality.validate.admissions import read_admissions
-from pipelines.quality.validate.data_docs import render_pages, write_version
+from pipelines.quality.validate.data_docs import (
+    render_pages,
+    render_suite_pages,
+    run_identity,
+    write_version,
+)
 from pipelines.quality.validate.frames import FrameRows, captures_frame, episodes_frame
 from pipelines.quality.validate.gx_runtime import GX_LOCK, runtime, warm_up_in_background
 from pipelines.quality.validate.result_lines import fill_counts, result_lines
@@ -64,8 +71,11 @@ from pipelines.quality.validate.stored import (
     load_result,
     store_result,
     suite_fingerprint,
+    suite_name,
+    suite_pages_folder,
     suite_parameters,
     validation_root,
+    write_atomically,
 )
 
 TABLES = {"episodes": EPISODES_SCHEMA, "steps": STEPS_SCHEMA}
@@ -126,10 +136,14 @@ def validate_dataset(
     for batch in batches:
         result = stored[batch]
         if result is None:
-            result = _validate_stored_batch(dataset, batch, cell, params, captures, fingerprint)
+            run = run_identity(version, batch)
+            result = _validate_stored_batch(
+                dataset, batch, cell, params, captures, fingerprint, run
+            )
         if not result.passed and batch in admissions:
             result = replace(result, admitted=admissions[batch])
         results.append(result)
+    _store_suite_pages(dataset, fingerprint)
     report = ValidationReport(results, version)
     return write_version(dataset, root / version, report, fingerprint)
 
@@ -153,6 +167,7 @@ def _validate_stored_batch(
     params: ValidateParams,
     captures: Path | None,
     fingerprint: str,
+    run: dict[str, str],
 ) -> BatchResult:
     tables: dict[str, pa.Table] = {}
     unreadable: list[str] = []
@@ -181,7 +196,26 @@ def _validate_stored_batch(
         captures,
         dataset / "attachments",
     )
+    for table, outcome in gx_results.items():
+        meta = outcome.setdefault("meta", {})
+        meta["run_id"] = run  # GX's pages name the run (else "__none__")
+        # and its data asset, read from batch_spec, where GX's dataframe assets leave it out
+        meta.setdefault("batch_spec", {})["data_asset_name"] = table
+    result = replace(result, details=result.details | {"gx_run": run})
     return store_result(dataset, result, fingerprint, gx_results, render_pages(gx_results))
+
+
+def _store_suite_pages(dataset: Path, fingerprint: str) -> None:
+    """GX's page of each suite, once per suite fingerprint (GX starts here only if no batch
+    was validated since the pages went missing)."""
+    folder = suite_pages_folder(dataset, fingerprint)
+    if all((folder / f"{suite_name(t)}.html").is_file() for t in SUITES):
+        return
+    with GX_LOCK:
+        pages = render_suite_pages(runtime().suites)
+    folder.mkdir(parents=True, exist_ok=True)
+    for table, page in pages.items():
+        write_atomically(folder / f"{suite_name(table)}.html", page)
 
 
 def _read_table(path: Path, contract: pa.Schema) -> pa.Table:

@@ -3,6 +3,7 @@
     <dataset>/../validation/batches/<sha256>/<suites>/result.json   one batch's verdict
     <dataset>/../validation/batches/<sha256>/<suites>/gx.json       GX's validation results
     <dataset>/../validation/batches/<sha256>/<suites>/<suite>.html  GX's Data Docs page per suite
+    <dataset>/../validation/suites/<suites>/realloop-<suite>.html    GX's page of each suite
 
 `<suites>` is a fingerprint of the suites' code, this package's code, the contract and the
 limits: a batch's files never change, so a result stored under it is reused.
@@ -26,11 +27,17 @@ from pipelines.quality.validate.results import BatchResult
 SUITES = ("episodes", "steps", "captures")
 VALIDATION_DIR = "validation"  # next to the dataset folder, like ingest's manifest
 BATCHES_DIR = "batches"
+SUITES_DIR = "suites"
 _SOURCES = (  # what the fingerprint covers besides the limits
     Path(__file__).resolve().parents[1] / "expectations",
     Path(__file__).resolve().parent,  # this package: the checks and how results are read
     Path(schema.__file__).resolve(),
 )
+
+
+def suite_name(table: str) -> str:
+    """The GX suite of a table, as GX's pages and paths name it."""
+    return f"realloop-{table}"
 
 
 def validation_root(dataset: Path) -> Path:
@@ -117,6 +124,11 @@ def store_result(
 
 def batch_folder(dataset: Path, batch: str, fingerprint: str) -> Path:
     return validation_root(dataset) / BATCHES_DIR / batch / fingerprint
+
+
+def suite_pages_folder(dataset: Path, fingerprint: str) -> Path:
+    """GX's page of each suite, as checked under `fingerprint`."""
+    return validation_root(dataset) / SUITES_DIR / fingerprint
 
 
 def write_atomically(path: Path, text: str) -> None:
