@@ -12,6 +12,7 @@ import builtins
 import os
 import shutil
 import tempfile
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -54,6 +55,11 @@ class Channel(ABC):
     @abstractmethod
     def list(self, prefix: str = "") -> builtins.list[str]:
         """Sorted keys that start with `prefix`."""
+
+    @abstractmethod
+    def sweep_partials(self, older_than_s: float) -> builtins.list[str]:
+        """Remove what interrupted writes left (`*.partial`) and nobody touched for
+        `older_than_s`; return the keys removed. Younger ones may be writes in flight."""
 
     def describe(self, key: str) -> str:
         """Where a key lives, for messages an operator can act on."""
@@ -106,6 +112,21 @@ class LocalChannel(Channel):
             if path.is_file() and not path.name.endswith(self._PARTIAL)
         ]
         return sorted(key for key in keys if key.startswith(prefix))
+
+    def sweep_partials(self, older_than_s: float) -> builtins.list[str]:
+        # Temp files of killed writes (ours: `.<name>.<random>.partial`), and staging folders
+        # named so (a trial request's files), anywhere below the root.
+        cutoff = time.time() - older_than_s
+        swept = []
+        for path in sorted(self.root.rglob(f"*{self._PARTIAL}")) if self.root.is_dir() else []:
+            try:
+                if path.lstat().st_mtime >= cutoff:
+                    continue
+                shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+            except FileNotFoundError:
+                continue  # another sweep got there first
+            swept.append(path.relative_to(self.root).as_posix())
+        return swept
 
     def _path(self, key: str) -> Path:
         return self.root.joinpath(*check_key(key).split("/"))

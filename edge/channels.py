@@ -43,6 +43,10 @@ __all__ = [
 ]
 
 
+# A write in flight is seconds old (bundles are megabytes); an hour-old `*.partial` is litter.
+PARTIAL_MAX_AGE_S = 3600.0
+
+
 def open_channel(uri: str | os.PathLike[str]) -> Channel:
     """A channel for a directory path, a file:// URI or an s3://bucket/prefix URI."""
     text = os.fspath(uri)
@@ -93,6 +97,7 @@ def upload_bundle(
 ) -> tuple[dict[str, Any], bytes]:
     """Upload a bundle's files, then its manifest, without pointing CURRENT.json at it (a trial
     candidate); return the manifest and its exact bytes."""
+    channel.sweep_partials(PARTIAL_MAX_AGE_S)  # what killed publishes left, never cleaned else
     entries = {name: _file_entry(Path(path)) for name, path in sorted(files.items())}
     manifest = build_manifest(cell_id, metadata, entries)
     bundle_id = manifest["bundle_id"]

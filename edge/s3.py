@@ -11,6 +11,7 @@ import builtins
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import boto3
@@ -89,6 +90,30 @@ class S3Channel(Channel):
             for page in pages:
                 keys.extend(item["Key"][len(base) :] for item in page.get("Contents", []))
         return sorted(keys)
+
+    def sweep_partials(self, older_than_s: float) -> builtins.list[str]:
+        """`*.partial` objects (an uploader's in-flight name) and multipart uploads that were
+        never completed (a killed large upload, billed until aborted), older than the limit."""
+        base = f"{self.prefix}/" if self.prefix else ""
+        cutoff = datetime.now(UTC) - timedelta(seconds=older_than_s)
+        swept = []
+        with self._translated(base or "/"):
+            pages = self._client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=base
+            )
+            for page in pages:
+                for item in page.get("Contents", []):
+                    if item["Key"].endswith(".partial") and item["LastModified"] < cutoff:
+                        self._client.delete_object(Bucket=self.bucket, Key=item["Key"])
+                        swept.append(item["Key"][len(base) :])
+            uploads = self._client.list_multipart_uploads(Bucket=self.bucket, Prefix=base)
+            for upload in uploads.get("Uploads", []):
+                if upload["Initiated"] < cutoff:
+                    self._client.abort_multipart_upload(
+                        Bucket=self.bucket, Key=upload["Key"], UploadId=upload["UploadId"]
+                    )
+                    swept.append(f"{upload['Key'][len(base) :]} (unfinished multipart upload)")
+        return swept
 
     def _object_key(self, key: str) -> str:
         check_key(key)

@@ -11,6 +11,7 @@ from flows import (
     demo,
     deploy,
     drift_cli,
+    gc_cli,
     serve_cli,
     triage_cli,
     validate_cli,
@@ -54,6 +55,7 @@ app.command("admit")(validate_cli.admit_command)
 app.command("calibrate")(calibrate_cli.calibrate_command)
 app.command("deploy")(deploy.deploy_command)
 app.command("demo")(demo.demo_command)
+app.command("gc")(gc_cli.gc_command)
 
 if __name__ == "__main__":
     app()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -113,3 +115,46 @@ def test_publish_rejects_bad_input(tmp_path):
     with pytest.raises(EdgeError, match="cannot read"):
         publish_bundle(tmp_path / "c", "cell", {MODEL_FILE: tmp_path / "absent"}, good)
     assert not (tmp_path / "c").exists()
+
+
+def test_interrupted_writes_are_swept_once_old_enough(channel_uri, tmp_path):
+    """What killed writes leave (`*.partial`, unfinished multipart uploads) goes; younger
+    ones may be writes in flight and stay; finished objects are never touched."""
+    channel = open_channel(channel_uri)
+    channel.put_bytes("cell/CURRENT.json", b"1")
+    channel.put_bytes("cell/bundles/b1/model.safetensors.partial", b"half a model")
+    if isinstance(channel, LocalChannel):
+        old = tmp_path / "channel" / "cell" / "bundles" / "b1" / "model.safetensors.partial"
+        os.utime(old, (time.time() - 7200,) * 2)
+        (tmp_path / "channel" / "cell" / ".CURRENT.json.x1y2.partial").write_bytes(b"young")
+        limit, expected = 3600, ["cell/bundles/b1/model.safetensors.partial"]
+    else:  # S3 keeps its own times: age everything by sweeping with a zero limit
+        assert channel.sweep_partials(3600) == []  # younger than an hour
+        # (created after that check: moto dates every multipart upload 2010-11-10)
+        channel._client.create_multipart_upload(
+            Bucket=channel.bucket, Key="releases/line-a/cell/big.bin"
+        )
+        limit = 0
+        expected = [
+            "cell/bundles/b1/model.safetensors.partial",
+            "cell/big.bin (unfinished multipart upload)",
+        ]
+    assert channel.sweep_partials(limit) == expected
+    assert channel.sweep_partials(limit) == []
+    assert channel.get_bytes("cell/CURRENT.json") == b"1"
+    if isinstance(channel, LocalChannel):
+        assert (tmp_path / "channel" / "cell" / ".CURRENT.json.x1y2.partial").exists()
+    else:
+        assert (
+            channel._client.list_multipart_uploads(Bucket=channel.bucket).get("Uploads", []) == []
+        )
+
+
+def test_a_publish_sweeps_what_killed_publishes_left(publish, tmp_path, cell):
+    channel = tmp_path / "channel"
+    litter = channel / cell / "bundles" / "1-abc" / ".model.safetensors.k1ll.partial"
+    litter.parent.mkdir(parents=True)
+    litter.write_bytes(b"\x00" * 1000)
+    os.utime(litter, (time.time() - 7200,) * 2)
+    publish(str(channel), 1)
+    assert not litter.exists()
