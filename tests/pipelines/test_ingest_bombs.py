@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.pipelines import mcap_bombs
+from bench import mcap_bombs
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_RSS_KB = 300 * 1024
