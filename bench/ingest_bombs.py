@@ -24,7 +24,7 @@ from pathlib import Path
 from bench import mcap_bombs
 
 CHILD = """
-import json, resource, sys, time
+import json, sys, time
 from pathlib import Path
 from pipelines.ingest.shift_log import read_log
 start = time.perf_counter()
@@ -34,7 +34,9 @@ try:
 except Exception as exc:
     outcome = str(exc)
 seconds = time.perf_counter() - start
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+# VmHWM, not ru_maxrss: Linux carries the parent's peak over fork and exec into ru_maxrss.
+status = Path("/proc/self/status").read_text().splitlines()
+peak = int(next(line for line in status if line.startswith("VmHWM:")).split()[1])
 print(json.dumps({"outcome": outcome, "seconds": seconds, "peak_rss_mb": peak / 1024}))
 """
 

@@ -26,7 +26,7 @@ BOMBS = {  # file name: (how to make it, the reason it is refused for)
 }
 # Reads each file as ingest does, then reports the reasons and the process's peak RSS.
 CHILD = """
-import json, resource, sys
+import json, sys
 from pathlib import Path
 from pipelines.ingest.shift_log import read_log
 reasons = {}
@@ -35,7 +35,9 @@ for path in sys.argv[1:]:
         read_log(Path(path))
     except Exception as exc:
         reasons[Path(path).name] = str(exc)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+# VmHWM, not ru_maxrss: Linux carries a parent's peak over fork and exec into ru_maxrss.
+status = Path("/proc/self/status").read_text().splitlines()
+peak = int(next(line for line in status if line.startswith("VmHWM:")).split()[1])
 print(json.dumps({"reasons": reasons, "max_rss_kb": peak}))
 """
 
