@@ -186,24 +186,35 @@ def train(
         Path | None,
         typer.Option(help="policy folder to fine-tune (default: the cell's production model)"),
     ] = None,
+    training_set: Annotated[
+        Path | None,
+        typer.Option(
+            "--training-set",
+            help="the dataset version and batches a loop cycle pinned for --cell "
+            "(what `dvc repro finetune@<cell>` runs); default: the current version, validated",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Fine-tune on the workspace's current dataset version (what `dvc repro finetune` runs)."""
+    """Fine-tune on the workspace's current dataset version, or on a cycle's pinned training
+    set; with --cell, also write the cell's DVC metrics and learning curve (dvc.yaml)."""
     from pipelines.contract.params import load_params
-    from pipelines.ingest import current_version
-    from pipelines.quality import validate_dataset
+    from pipelines.release.cycle_record import fine_tune_cell, read_training_set
     from pipelines.training import fine_tune_and_register
 
     workspace = _workspace()
     params = load_params(params_path)
-    dataset = workspace / params.ingest.dataset
-    version = current_version(workspace, dataset)
-    captures = workspace / params.ingest.landing / "captures"
-    report = validate_dataset(dataset, params.cell, params.validate, captures=captures)
+    if training_set is not None:
+        if cell is None:
+            raise CommandError("--training-set is one cell's: pass --cell too")
+        version, batches = read_training_set(training_set)
+    else:
+        version, batches = _validated_batches(params, workspace)
     folder = base or _production_policy(params, workspace, cell or params.cell.cell_id)
-    result = fine_tune_and_register(
-        params, workspace, folder, version, report.passed_batches, cell_id=cell
-    )
+    if cell is None:
+        result = fine_tune_and_register(params, workspace, folder, version, batches)
+    else:
+        result = fine_tune_cell(params, workspace, folder, version, batches, cell)
     emit(
         result,
         as_json,
@@ -212,6 +223,18 @@ def train(
             f"{r['model_version']} (MLflow run {r['mlflow_run_id']})"
         ),
     )
+
+
+def _validated_batches(params, workspace: Path) -> tuple[str, list[str]]:
+    """The current dataset version and its batches that pass validation."""
+    from pipelines.ingest import current_version
+    from pipelines.quality import validate_dataset
+
+    dataset = workspace / params.ingest.dataset
+    version = current_version(workspace, dataset)
+    captures = workspace / params.ingest.landing / "captures"
+    report = validate_dataset(dataset, params.cell, params.validate, captures=captures)
+    return version, report.passed_batches
 
 
 def _production_policy(params, workspace: Path, cell_id: str) -> Path:

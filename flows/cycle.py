@@ -171,6 +171,8 @@ def summarize_cycle(
         "dataset_version_after_trials": ingests[-1]["dataset_version"],
         "ingest": landed_since([i["ingest"] for i in ingests]) | {"runs": len(ingests)},
         "validation": {k: v for k, v in validation.items() if k != "passed_batches"},
+        # Each later version (the trial episodes'), validated with its Data Docs too.
+        "validations_after_trials": [i["validation"] for i in ingests[1:] if "validation" in i],
         "channel": params.promote.channel,
         "cells": cells,
         "timings_s": {k: round(v, 2) for k, v in timings_s.items()},
@@ -181,25 +183,50 @@ def print_cycle(summary: dict, print_line) -> None:
     """The human summary: the data, then one row per cell."""
     from rich.table import Table
 
-    ingest, validation = summary["ingest"], summary["validation"]
     print_line(f"[bold]cycle {summary['cycle']}[/]: {len(summary['cells'])} cell(s)")
-    print_line(
+    for line in summary_lines(summary):
+        print_line(line)
+    table = Table(title="per cell")
+    for column in CELL_COLUMNS:
+        table.add_column(column)
+    for row in cell_rows(summary):
+        table.add_row(*row.values())
+    print_line(table)
+    for note in cell_notes(summary):
+        print_line(f"  {note}")
+    if (dvc := summary.get("dvc") or {}).get("commit"):  # pipelines/release/cycle_record.py
+        print_line(
+            f"dvc: {', '.join(dvc['stages']) or 'trials.json'} recorded in commit "
+            f"{dvc['commit'][:10]} (tag cycle-{summary['cycle']}): `dvc exp show --all-tags`"
+        )
+    elif dvc.get("error"):
+        print_line(f"dvc: the cycle is not recorded: {dvc['error']}")
+
+
+# The per-cell table: the terminal (print_cycle) and the cycle-summary artifact
+# (flows.artifacts) both lay it out from these three.
+CELL_COLUMNS = ("cell", "dataset", "candidate", "incumbent", "gate", "result")
+
+
+def summary_lines(summary: dict) -> list[str]:
+    """What the cycle did with the data: ingest, quarantine, validation."""
+    ingest, validation = summary["ingest"], summary["validation"]
+    return [
         f"dataset {summary['dataset_version']}: {ingest['episodes_ingested']} episodes "
         f"ingested from {ingest['files_ingested']} logs in {ingest['runs']} ingest runs, "
-        f"{ingest['files_quarantined']} quarantined"
-    )
-    for row in ingest["quarantined"]:
-        print_line(f"  quarantined {row['source']}: {row['reason']}")
-    print_line(
+        f"{ingest['files_quarantined']} quarantined",
+        *(f"  quarantined {row['source']}: {row['reason']}" for row in ingest["quarantined"]),
         f"validation: {validation['passed']} of {validation['batches']} batches passed; "
-        f"excluded from training: {len(validation['excluded_from_training'])}"
-    )
-    table = Table(title="per cell")
-    for column in ("cell", "dataset", "candidate", "incumbent", "gate", "result"):
-        table.add_column(column)
+        f"excluded from training: {len(validation['excluded_from_training'])}",
+    ]
+
+
+def cell_rows(summary: dict) -> list[dict[str, str]]:
+    """One row per cell, CELL_COLUMNS → text."""
+    rows = []
     for cell in summary["cells"]:
         trials = cell["trials"] or {}
-        table.add_row(
+        values = (
             cell["cell"],
             (cell["dataset_version"] or "-")[:12],
             format_trials(trials.get("candidate")),
@@ -207,12 +234,18 @@ def print_cycle(summary: dict, print_line) -> None:
             "-" if cell["gate"] is None else ("PASSED" if cell["gate"]["passed"] else "FAILED"),
             _result_cell(cell),
         )
-    print_line(table)
+        rows.append(dict(zip(CELL_COLUMNS, values, strict=True)))
+    return rows
+
+
+def cell_notes(summary: dict) -> list[str]:
+    """Each cell's gate reasons, then why it ended as it did."""
+    notes = []
     for cell in summary["cells"]:
-        for reason in (cell["gate"] or {}).get("reasons", []):
-            print_line(f"  {cell['cell']} gate: {reason}")
+        notes += [f"{cell['cell']} gate: {r}" for r in (cell["gate"] or {}).get("reasons", [])]
         if cell["reason"]:
-            print_line(f"  {cell['cell']} {cell['outcome']}: {cell['reason']}")
+            notes.append(f"{cell['cell']} {cell['outcome']}: {cell['reason']}")
+    return notes
 
 
 def format_trials(stats: dict | None) -> str:

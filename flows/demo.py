@@ -262,7 +262,7 @@ def _cycle_rows(summary: dict) -> dict:
                 "promoted_version": cell.get("promoted_version"),
             }
         )
-    return {"cycle": summary["cycle"], "cells": rows}
+    return {"cycle": summary["cycle"], "cells": rows, "dvc": summary.get("dvc")}
 
 
 def _print_report(report: dict) -> None:
@@ -290,3 +290,9 @@ def _print_report(report: dict) -> None:
             )
     stdout.print(table)
     stdout.print(f"demo finished in {report['wall_s'] / 60:.1f} min")
+    commits = [c["dvc"]["commit"][:10] for c in report["cycles"] if (c["dvc"] or {}).get("commit")]
+    if commits:  # each cycle's stages, metrics and plots, committed (dvc.yaml)
+        stdout.print(
+            f"cycles in git: {', '.join(commits)} (tags cycle-<n>); compare them with "
+            "`dvc exp show --all-tags`, `dvc metrics show`, `dvc plots show`"
+        )

@@ -236,18 +236,11 @@ def _register(model: str, cell_id: str, folder: Path, tags: dict) -> tuple[str, 
     """A deploy run in DEPLOY_EXPERIMENT, and the policy registered from it with the override
     tags (all of them at once: an interrupted deploy is found by them)."""
     from pipelines.training import register_policy
-    from pipelines.training.tracking import artifact_location, current_workspace, mlflow_client
+    from pipelines.training.tracking import current_workspace, ensure_experiment, mlflow_client
 
     client = mlflow_client(None)
-    experiment = client.get_experiment_by_name(DEPLOY_EXPERIMENT)
-    if experiment is not None:
-        experiment_id = experiment.experiment_id
-    else:
-        location = artifact_location(current_workspace())
-        if location is not None:
-            Path(location).mkdir(parents=True, exist_ok=True)
-        experiment_id = client.create_experiment(DEPLOY_EXPERIMENT, artifact_location=location)
-    run = client.create_run(experiment_id, run_name=f"deploy-initial-{cell_id}")
+    experiment = ensure_experiment(client, current_workspace(), DEPLOY_EXPERIMENT)
+    run = client.create_run(experiment, run_name=f"deploy-initial-{cell_id}")
     run_id, status = run.info.run_id, "FAILED"
     try:
         version = register_policy(run_id, folder, model, tags=tags)

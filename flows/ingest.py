@@ -30,6 +30,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.tasks import exponential_backoff
 from prefect.utilities.annotations import quote
 
+from flows import artifacts
 from flows.console import progress_bar
 from pipelines.contract.params import Params, load_params
 from pipelines.ingest import (
@@ -167,17 +168,21 @@ def ingest_flow(
         else:
             _from_folder(run, origin)
     version = version_dataset(params, root)
-    if run.failed:
-        raise SourceError(
-            f"{len(run.failed)} file(s) could not be fetched, the rest is in dataset "
-            f"{version['version']}; the next run retries them: {run.failed[0]}"
-        )
-    return {
+    result = {
         "source": origin.uri,
         "ingest": run.report().as_dict(),
         "dataset": version,
         "dataset_version": version["version"],
     }
+    by_cell = artifacts.new_files_by_cell(dataset, result["ingest"]["ingested"])
+    artifacts.log(artifacts.ingest_sentence(result["ingest"], by_cell, version))
+    artifacts.ingest_report(result, by_cell)
+    if run.failed:
+        raise SourceError(
+            f"{len(run.failed)} file(s) could not be fetched, the rest is in dataset "
+            f"{version['version']}; the next run retries them: {run.failed[0]}"
+        )
+    return result
 
 
 # --- one run ----------------------------------------------------------------------------

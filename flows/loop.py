@@ -25,7 +25,7 @@ from pathlib import Path
 from prefect import flow, get_run_logger, task, unmapped
 from prefect.cache_policies import NO_CACHE
 
-from flows import cycle
+from flows import artifacts, cycle
 from flows.console import progress_bar
 from flows.ingest import ingest_flow
 from pipelines.contract.params import Params, load_params
@@ -52,12 +52,18 @@ def validate(params: Params, workspace: Path, sources: list[str]) -> dict:
         batches=sources,
         captures=workspace / params.ingest.landing / CAPTURES_DIR,
     )
-    return report.as_dict() | {"passed_batches": report.passed_batches}
+    result = report.as_dict()
+    artifacts.log(artifacts.validate_sentence(result))
+    docs = artifacts.data_docs_link(result)
+    artifacts.link("data-docs", docs, f"Data Docs of dataset {result['dataset_version']}")
+    return result | {"passed_batches": report.passed_batches}
 
 
 @task(name="plan-cell", task_run_name="plan {cell_id}", **THIN)
 def plan_cell(params: Params, workspace: Path, cell_id: str, batches: list[str]) -> dict:
-    return cycle.plan_cell(params, workspace, cell_id, batches)
+    plan = cycle.plan_cell(params, workspace, cell_id, batches)
+    artifacts.log(artifacts.plan_sentence(plan))
+    return plan
 
 
 @task(name="fine-tune", task_run_name="fine-tune {cell_id}", **THIN)
@@ -67,12 +73,21 @@ def fine_tune(
     cell_id: str,
     plan: dict,
     dataset_version: str,
+    cycle_no: int | None = None,
 ) -> dict:
     """A candidate from the cell's production model, trained on the cell's batches only."""
-    from pipelines.training import fine_tune_and_register
+    from pipelines.release.cycle_record import fine_tune_cell
 
     base, batches = Path(plan["base"]), plan["batches"]
-    return fine_tune_and_register(params, workspace, base, dataset_version, batches, cell_id)
+    started = time.monotonic()
+    # The finetune@<cell> stage of dvc.yaml: its training set pinned, its metrics written.
+    trained = fine_tune_cell(
+        params, workspace, base, dataset_version, batches, cell_id, cycle=cycle_no
+    )
+    artifacts.log(artifacts.trained_sentence(cell_id, trained, time.monotonic() - started))
+    run = artifacts.mlflow_run_link(workspace, trained["mlflow_run_id"])
+    artifacts.link(artifacts.key(cell_id, "mlflow-run"), run, f"{cell_id}: the fine-tune run")
+    return trained
 
 
 @task(name="upload-candidate", task_run_name="upload candidate {cell_id}", **CHANNEL_IO)
@@ -80,12 +95,16 @@ def upload_candidate(params: Params, workspace: Path, cell_id: str, trained: dic
     """The candidate's bundle on the cell's channel path; CURRENT.json does not move."""
     folder = Path(trained["policy_folder"])
     channel = _channel(params, workspace)
-    return trials.upload_candidate(channel, cell_id, folder, trained, workspace=workspace)
+    uploaded = trials.upload_candidate(channel, cell_id, folder, trained, workspace=workspace)
+    artifacts.log(f"{cell_id}: candidate bundle {uploaded['bundle_id']} uploaded to {channel}")
+    return uploaded
 
 
 @task(name="request-trials", task_run_name="request trials {cell_id}", **CHANNEL_IO)
 def request_trials(params: Params, workspace: Path, cell_id: str, request: dict) -> dict:
-    return trials.publish_trial_request(_channel(params, workspace), request)
+    published = trials.publish_trial_request(_channel(params, workspace), request)
+    artifacts.log(artifacts.request_sentence(cell_id, request))
+    return published
 
 
 @task(name="check-trials", **THIN)
@@ -97,7 +116,10 @@ def check_trials(params: Params, workspace: Path, requests: dict[str, dict]) -> 
 def withdraw_trials(
     params: Params, workspace: Path, cell_id: str, request: dict, reason: str
 ) -> bool:
-    return trials.withdraw_trial_request(_channel(params, workspace), request, reason)
+    withdrawn = trials.withdraw_trial_request(_channel(params, workspace), request, reason)
+    # The reason (the deadline, the best attempt) was logged when the wait ended.
+    artifacts.log(f"{cell_id}: trial request {request['request_id']} withdrawn from the channel")
+    return withdrawn
 
 
 # Retried once: recording the verdict is idempotent, and the registry's SQLite file may be
@@ -123,6 +145,8 @@ def gate(
         f"judged on attempt {attempt.attempt}: gate {'passed' if record['passed'] else 'failed'}"
     )
     trials.close_trial_request(_channel(params, workspace), request, reason)
+    artifacts.log(artifacts.gate_sentence(cell_id, record))
+    artifacts.gate_report(cell_id, record)
     return record
 
 
@@ -143,8 +167,9 @@ def promote(
         trained["mlflow_run_id"],
         Path(trained["policy_folder"]),
         trained["dataset_version"],
-    )
-    return result.as_dict()
+    ).as_dict()
+    artifacts.log(artifacts.promotion_sentence(cell_id, result, trained))
+    return result
 
 
 @flow(name="retrain-loop")
@@ -160,11 +185,14 @@ def loop_flow(
     stderr (the command line's, not under --json)."""
     root, params = Path(workspace).resolve(), load_params(params_path)
     fleet = _Fleet(cycle.fleet_cells(params, cell))
+    number = _cycles_done(root)  # this cycle's: its MLflow runs and its summary say it
     ingested = ingest_flow(params_path, str(root), source=source, progress=progress)
     fleet.lap("ingest")
     validation = validate(params, root, _all_batches(root, params))
     fleet.lap("validate")
-    _start_cells(fleet, params, root, ingested["dataset_version"], validation["passed_batches"])
+    _start_cells(
+        fleet, params, root, ingested["dataset_version"], validation["passed_batches"], number
+    )
     requests = {c: fleet.steps[c]["request"] for c in fleet.going()}
     waited = await_trials(params_path, str(root), requests, source, progress) if requests else {}
     for cell_id, outcome in waited.get("outcomes", {}).items():
@@ -173,7 +201,7 @@ def loop_flow(
     _finish_cells(fleet, params, root)
     summary = cycle.summarize_cycle(
         params,
-        _cycles_done(root),
+        number,
         fleet.started,
         datetime.now(UTC),
         [ingested, *waited.get("ingests", [])],
@@ -184,12 +212,49 @@ def loop_flow(
         ],
         fleet.timings,
     )
+    summary["dvc"] = _dvc_commit(params, root, summary)
+    mlflow_cycle_runs(params, root, summary, return_state=True)  # a failure is logged, no more
     _record_cycle(root, summary)
+    artifacts.log(artifacts.cycle_sentence(summary))
+    artifacts.cycle_report(summary, root)
     return summary
 
 
+@task(name="mlflow-cycle-runs", **THIN)
+def mlflow_cycle_runs(params: Params, workspace: Path, summary: dict) -> dict[str, str]:
+    """Each cell's MLflow run of the cycle ended, with its trials and gate as child runs."""
+    from pipelines.training.cycle_runs import log_cycle_runs
+
+    return log_cycle_runs(workspace, params.train.experiment, summary)
+
+
+@task(name="dvc-commit", **THIN)
+def dvc_commit(params: Params, workspace: Path, summary: dict) -> dict:
+    """The cycle in DVC and git: trials.json, each fine-tuned cell's stage in dvc.lock, one
+    commit tagged cycle-<n> (pipelines/release/cycle_record.py)."""
+    from pipelines.release.cycle_record import record_cycle
+
+    return record_cycle(workspace, params, summary)
+
+
+def _dvc_commit(params: Params, root: Path, summary: dict) -> dict:
+    """A failed record does not undo the cycle (its promotions stand): it is reported in the
+    summary, and `dvc status` shows what stays to commit."""
+    state = dvc_commit(params, root, summary, return_state=True)
+    if state.is_completed():
+        return state.result()
+    reason = str(state.result(raise_on_failure=False)).splitlines()[0]
+    get_run_logger().warning("recording the cycle in DVC and git failed: %s", reason)
+    return {"commit": None, "stages": [], "error": reason}
+
+
 def _start_cells(
-    fleet: _Fleet, params: Params, root: Path, dataset_version: str, batches: list[str]
+    fleet: _Fleet,
+    params: Params,
+    root: Path,
+    dataset_version: str,
+    batches: list[str],
+    number: int | None = None,
 ) -> None:
     """Per cell: plan → fine-tune → upload the candidate → publish its trial request."""
     common = (unmapped(params), unmapped(root))
@@ -203,7 +268,7 @@ def _start_cells(
     trained = []
     for cell_id in cells:
         plan = fleet.steps[cell_id]["plan"]
-        trained.append(fine_tune.submit(params, root, cell_id, plan, dataset_version))
+        trained.append(fine_tune.submit(params, root, cell_id, plan, dataset_version, number))
         trained[-1].wait()
     fleet.settle("trained", cells, trained)
     fleet.lap("fine-tune")
@@ -266,13 +331,13 @@ def await_trials(
     worker. A request not complete at its deadline (`trials.timeout_s` after it was made) is
     withdrawn from the channel and its cell's cycle ends "trials incomplete"."""
     root, params = Path(workspace), load_params(params_path)
-    pending, outcomes, ingests = dict(requests), {}, []
+    pending, outcomes, ingests, rows = dict(requests), {}, [], []
     next_poll = time.monotonic() + params.trials.poll_s
     with progress_bar(progress) as update:
         while pending:
             _sleep_until(next_poll, pending)
             next_poll = time.monotonic() + params.trials.poll_s
-            ingests += _poll_ingest(params_path, workspace, source)
+            ingests += _validate_new(params, root, _poll_ingest(params_path, workspace, source))
             found = check_trials(params, root, pending)
             now = datetime.now(UTC)
             for cell_id, request in list(pending.items()):
@@ -282,10 +347,13 @@ def await_trials(
                 if state == "waiting":
                     continue
                 outcomes[cell_id] = _waited(request, state, attempt, counts, now, ingests)
+                artifacts.log(artifacts.waited_sentence(cell_id, outcomes[cell_id], counts))
+                rows.append(artifacts.waited_row(cell_id, request, outcomes[cell_id], counts))
                 if state == "timed out":
                     reason = outcomes[cell_id]["reason"]
                     withdraw_trials(params, root, cell_id, request, reason)
                 del pending[cell_id]
+    artifacts.trials_wait(rows)
     return {"outcomes": outcomes, "ingests": ingests}
 
 
@@ -298,6 +366,17 @@ def _poll_ingest(params_path: str, workspace: str, source: str | None) -> list[d
     reason = str(state.result(raise_on_failure=False)).splitlines()[0]
     get_run_logger().warning("ingest while waiting for trials failed: %s; retrying", reason)
     return []
+
+
+def _validate_new(params: Params, root: Path, polled: list[dict]) -> list[dict]:
+    """Each dataset version an ingest made while waiting (the trial episodes') is validated
+    too, so that every version the loop makes has its results and Data Docs."""
+    for ingested in polled:
+        if ingested["dataset"].get("new"):
+            report = validate(params, root, _all_batches(root, params))
+            keys = ("dataset_version", "batches", "passed", "excluded_from_training", "data_docs")
+            ingested["validation"] = {key: report[key] for key in keys}
+    return polled
 
 
 def _sleep_until(next_poll: float, pending: dict[str, dict]) -> None:

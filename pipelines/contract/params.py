@@ -144,6 +144,7 @@ class TrainParams:
     out: str
     experiment: str
     registered_model: str
+    cycles: str  # per cell: what its last cycle trained on and measured (DVC metrics, plots)
 
 
 @dataclass(frozen=True, config=_STRICT)

@@ -1,9 +1,14 @@
 """The MLflow model registry: policies as model versions, the production alias, the gate's
 verdict, and the records lineage and drift read back from them.
 
-A policy is registered as its two files (safetensors weights, JSON config) uploaded as run
-artifacts; the model version's source is that artifact folder. No `log_model` flavour: they
-pickle, and a model file here is never unpickled. The store is the one
+A policy is logged as an MLflow model of its run (a LoggedModel, pyfunc flavour) from code,
+not from a pickle: the model's code is `pipelines/training/mlflow_model.py` and its artifacts
+are the policy's two files (safetensors weights, JSON config), with a signature (a column per
+observation field in, a column per action field out) and an input example. The model version
+is registered from that logged model (`models:/<model_id>`), so
+`mlflow.pyfunc.load_model("models:/realloop-policy@cell-07-production")` gives a model that
+acts as the policy does. Its description is the model card (`model_card`), rewritten with the
+trials and the verdict when the gate has judged it. The store is the one
 `pipelines.training.tracking` locates; mlflow and torch are imported on first use.
 """
 
@@ -14,12 +19,14 @@ import hashlib
 import json
 import shutil
 import tempfile
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
+from pipelines.training.mlflow_context import in_process_store
 from pipelines.training.tracking import (
     BASE_POLICY_TAG,
     DATASET_VERSION_TAG,
@@ -35,10 +42,16 @@ from pipelines.training.tracking import (
 if TYPE_CHECKING:
     from mlflow import MlflowClient
 
-POLICY_ARTIFACT_DIR = "policy"
+from pipelines.training.cycle_runs import trial_gate_metrics
+from pipelines.training.model_card import model_card
+
+POLICY_ARTIFACT_DIR = "policy"  # where versions registered before logged models keep them
+LOGGED_MODEL_NAME = "policy"  # the logged model's name in its run
+MODEL_ARTIFACTS_DIR = "artifacts"  # where an MLflow model keeps the files it was given
 GATE_ARTIFACT = "gate.json"
 # The weights' sha256, kept on a model version so a version answers lineage questions alone.
 POLICY_SHA256_TAG = "policy.sha256"
+POLICY_VERSION_TAG = "policy_version"  # the policy's own name (its config.json `version`)
 
 
 @dataclass(frozen=True)
@@ -58,48 +71,119 @@ def register_policy(
     tags: Mapping[str, Any] | None = None,
     *,
     workspace: Path | None = None,
+    input_example: Any = None,
 ) -> str:
-    """Upload the policy's weights and config to the run's `policy/` artifacts and register
-    that folder as a new version of `registered_model`; return the version.
+    """Log the policy as an MLflow model of the run and register it as a new version of
+    `registered_model`, described by its model card; return the version.
 
-    The version is tagged with the weights' sha256 and the run's dataset version. Registering
-    the same weights from the same run again returns the existing version, so a re-run after a
-    crash does not make duplicates. Other weights from a run that already registered a policy
-    are refused: they would overwrite that version's files.
+    `input_example`: a few observations, (n, 12) in OBS_FIELDS order (default: one of
+    zeros). The version is tagged with the weights' sha256 and the run's dataset version.
+    Registering the same weights from the same run again returns the existing version, so a
+    re-run after a crash does not make duplicates; a run registers one policy, other weights
+    from it are refused.
     """
     quiet_mlflow()
     from mlflow.exceptions import MlflowException
 
     # policy brings torch: imported here so that reading the registry never waits for it
-    from pipelines.training.policy import CONFIG_FILE, WEIGHTS_FILE, load_policy
+    from pipelines.training.policy import WEIGHTS_FILE, load_policy
 
     policy_folder = Path(policy_folder)
-    load_policy(policy_folder)  # refuse to register anything that would not load on the cell
+    policy = load_policy(policy_folder)  # refuse anything that would not load on the cell
     weights_sha256 = _sha256(policy_folder / WEIGHTS_FILE)
     client = mlflow_client(workspace)
     run = client.get_run(run_id)
     existing = _registered_from_run(client, registered_model, run_id, weights_sha256)
     if existing is not None:
         return existing
-    for name in (WEIGHTS_FILE, CONFIG_FILE):
-        client.log_artifact(run_id, str(policy_folder / name), POLICY_ARTIFACT_DIR)
-    try:
-        client.create_registered_model(registered_model)
-    except MlflowException as exc:
-        if exc.error_code != "RESOURCE_ALREADY_EXISTS":
-            raise
+    model_id = log_policy_model(run, policy_folder, input_example, workspace=workspace)
     version_tags = {
         **{key: str(value) for key, value in (tags or {}).items()},
         POLICY_SHA256_TAG: weights_sha256,
+        POLICY_VERSION_TAG: policy.name,
         DATASET_VERSION_TAG: run.data.tags.get(DATASET_VERSION_TAG, ""),
     }
-    # The artifact folder itself, not runs:/..., as MLflow's own docs resolve it: a server's
-    # source validation accepts it because it lies inside this run's artifact root.
-    source = f"{run.info.artifact_uri.rstrip('/')}/{POLICY_ARTIFACT_DIR}"
-    version = client.create_model_version(
-        registered_model, source, run_id=run_id, tags=version_tags
-    )
+    batches = (_run_json(client, run_id, TRAINING_BATCHES_ARTIFACT) or {}).get("batches")
+    card = model_card(client.get_run(run_id), policy.name, batches)
+    # Registering a logged model reads it back through MLflow's process-wide client.
+    with in_process_store(tracking_uri(current_workspace(workspace))):
+        try:
+            client.create_registered_model(registered_model)
+        except MlflowException as exc:
+            if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+        version = client.create_model_version(
+            registered_model,
+            f"models:/{model_id}",
+            run_id=run_id,
+            tags=version_tags,
+            description=card,
+            model_id=model_id,
+        )
     return str(version.version)
+
+
+def log_policy_model(
+    run: Any, policy_folder: Path, input_example: Any = None, *, workspace: Path | None = None
+) -> str:
+    """Log the policy in `policy_folder` as an MLflow model (pyfunc, from code) of `run`;
+    return its model id. Its params are the run's hyperparameters."""
+    import mlflow
+    import numpy as np
+    import pandas as pd
+    from mlflow.models import Model
+
+    from pipelines.contract.schema import OBS_FIELDS
+    from pipelines.training import mlflow_model
+    from pipelines.training.policy import CONFIG_FILE, WEIGHTS_FILE
+
+    client = mlflow_client(workspace)
+    example = np.zeros((1, len(OBS_FIELDS)), np.float32) if input_example is None else input_example
+    example = pd.DataFrame(np.asarray(example, np.float32), columns=list(OBS_FIELDS))
+    model = client.create_logged_model(
+        run.info.experiment_id,
+        name=LOGGED_MODEL_NAME,
+        source_run_id=run.info.run_id,
+        params=dict(run.data.params),
+        model_type="policy",
+    )
+    with in_process_store(tracking_uri(current_workspace(workspace))):
+        Model.log(
+            artifact_path=None,
+            name=LOGGED_MODEL_NAME,
+            flavor=mlflow.pyfunc,
+            run_id=run.info.run_id,
+            model_id=model.model_id,
+            python_model=mlflow_model.__file__,  # models from code: the file, never a pickle
+            artifacts={
+                mlflow_model.WEIGHTS_ARTIFACT: str(policy_folder / WEIGHTS_FILE),
+                mlflow_model.CONFIG_ARTIFACT: str(policy_folder / CONFIG_FILE),
+            },
+            signature=policy_signature(),
+            input_example=example,
+            # Named, not inferred: inferring loads the model in a subprocess, seconds per log.
+            pip_requirements=_requirements(),
+        )
+    return model.model_id
+
+
+def policy_signature() -> Any:
+    """A float32 column per observation field in, a column per action field out."""
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, Schema
+
+    from pipelines.contract.schema import ACTION_FIELDS, OBS_FIELDS
+
+    return ModelSignature(
+        inputs=Schema([ColSpec("float", name) for name in OBS_FIELDS]),
+        outputs=Schema([ColSpec("float", name) for name in ACTION_FIELDS]),
+    )
+
+
+def _requirements() -> list[str]:
+    from importlib.metadata import version
+
+    return [f"{name}=={version(name)}" for name in ("mlflow", "torch", "safetensors", "numpy")]
 
 
 def record_gate(
@@ -111,11 +195,24 @@ def record_gate(
     workspace: Path | None = None,
 ) -> None:
     """Keep the gate's verdict on the model version (tags: gate.passed, gate.reasons and the
-    numbers behind them) and the whole record as `gate.json` on the run."""
+    numbers behind them; the model card rewritten with the trials and the verdict), its
+    figures as metrics of the run (`cycle_runs.trial_gate_metrics`: trial/candidate_success,
+    gate/lower_bound, ...) and the whole record as `gate.json` on the run."""
+    from mlflow.entities import Metric
+
     client = mlflow_client(workspace)
     for key, value in gate_tags(gate_record).items():
         client.set_model_version_tag(registered_model, str(version), key, value)
+    now = int(time.time() * 1000)
+    metrics = [Metric(k, v, now, 0) for k, v in trial_gate_metrics(gate_record).items()]
+    client.log_batch(run_id, metrics=metrics)
     client.log_dict(run_id, jsonable(dict(gate_record)), GATE_ARTIFACT)
+    run = client.get_run(run_id)
+    batches = (_run_json(client, run_id, TRAINING_BATCHES_ARTIFACT) or {}).get("batches")
+    tags = client.get_model_version(registered_model, str(version)).tags
+    policy = tags.get(POLICY_VERSION_TAG) or f"{registered_model} version {version}"
+    card = model_card(run, policy, batches, gate_record)
+    client.update_model_version(registered_model, str(version), description=card)
 
 
 def gate_tags(gate_record: Mapping[str, Any]) -> dict[str, str]:
@@ -215,6 +312,7 @@ def download_policy(
     info = model_version_info(registered_model, version, workspace=workspace)  # quietly imports
     import mlflow.artifacts
 
+    root = policy_files_uri(info.source, workspace=workspace)
     dest = Path(dest)
     staging = dest.with_name(dest.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
@@ -222,7 +320,7 @@ def download_policy(
     try:
         for name in (WEIGHTS_FILE, CONFIG_FILE):
             mlflow.artifacts.download_artifacts(
-                artifact_uri=f"{info.source.rstrip('/')}/{name}",
+                artifact_uri=f"{root}/{name}",
                 dst_path=str(staging),
                 tracking_uri=tracking_uri(current_workspace(workspace)),
             )
@@ -239,6 +337,17 @@ def download_policy(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return dest
+
+
+def policy_files_uri(source: str, *, workspace: Path | None = None) -> str:
+    """Where a version's weights and config lie: the `artifacts/` folder of the logged model a
+    `models:/<model_id>` source names, or the run's `policy/` folder that versions registered
+    before logged models name themselves."""
+    if not source.startswith("models:/"):
+        return source.rstrip("/")
+    model_id = source.removeprefix("models:/").split("/")[0]
+    location = mlflow_client(workspace).get_logged_model(model_id).artifact_location
+    return f"{location.rstrip('/')}/{MODEL_ARTIFACTS_DIR}"
 
 
 def model_version_record(
@@ -314,9 +423,8 @@ def model_version_summaries(
     What `model_version_records` returns of each version, without the rest it also
     reads (run params, metrics, inputs, aliases): through the `runs:/` resolution that costs
     a dozen store queries per version, 65 ms each at 12 versions (measured). Here the
-    versions and their tags come from one query, and each version's artifact root from its
-    registered source (`<run artifact root>/policy`, as `register_policy` writes it;
-    otherwise from its run)."""
+    versions and their tags come from one query, and the artifact roots of their runs from
+    one more (`_artifact_roots`)."""
     from mlflow.exceptions import MlflowException
 
     client = mlflow_client(workspace)
@@ -326,8 +434,9 @@ def model_version_summaries(
     except MlflowException:
         return []
     records = []
+    roots = _artifact_roots(client, found)
     for mv in sorted(found, key=lambda mv: int(mv.version)):
-        root = _artifact_root(client, mv)
+        root = roots.get(mv.run_id)
         batches = _artifact_json_at(root, TRAINING_BATCHES_ARTIFACT, uri) or {}
         dataset_version = mv.tags.get(DATASET_VERSION_TAG) or None
         if dataset_version is None and mv.run_id:
@@ -347,14 +456,32 @@ def model_version_summaries(
 # --- internals ---------------------------------------------------------------------------
 
 
-def _artifact_root(client, mv) -> str | None:
-    if not mv.run_id:
-        return None
+def _artifact_roots(client, versions) -> dict[str, str]:
+    """run id → artifact root of the runs the versions were registered from: read off a
+    version's source where it is the run's `policy/` folder (versions registered before
+    logged models), else from one search over every experiment's runs."""
+    roots, unknown = {}, set()
     suffix = f"/{POLICY_ARTIFACT_DIR}"
-    source = (mv.source or "").rstrip("/")
-    if source.endswith(suffix) and not source.startswith(("runs:", "models:")):
-        return source.removesuffix(suffix)
-    return client.get_run(mv.run_id).info.artifact_uri
+    for mv in versions:
+        source = (mv.source or "").rstrip("/")
+        if not mv.run_id:
+            continue
+        if source.endswith(suffix) and not source.startswith(("runs:", "models:")):
+            roots[mv.run_id] = source.removesuffix(suffix)
+        else:
+            unknown.add(mv.run_id)
+    if unknown:
+        from mlflow.entities import ViewType
+
+        every = ViewType.ALL  # a deleted run's files still say what its versions trained on
+        experiments = [e.experiment_id for e in client.search_experiments(view_type=every)]
+        ids = ", ".join(f"'{run_id}'" for run_id in sorted(unknown))
+        where = f"attributes.run_id IN ({ids})"
+        for run in client.search_runs(
+            experiments, where, run_view_type=every, max_results=len(unknown)
+        ):
+            roots[run.info.run_id] = run.info.artifact_uri
+    return roots
 
 
 def _artifact_json_at(root: str | None, name: str, tracking_uri: str):

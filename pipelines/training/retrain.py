@@ -11,6 +11,7 @@ from pathlib import Path
 
 from pipelines.contract.params import Params
 from pipelines.ingest import read_dataset
+from pipelines.training.cycle_runs import stage_run_name, start_cycle_run
 from pipelines.training.finetune import TrainingSet, finetune, training_examples
 from pipelines.training.policy import load_policy, save_policy
 from pipelines.training.registry import register_policy
@@ -21,6 +22,8 @@ from pipelines.training.tracking import (
     start_finetune_run,
 )
 
+INPUT_EXAMPLE_ROWS = 5  # observations of the training set logged with the model
+
 
 def fine_tune_and_register(
     params: Params,
@@ -29,10 +32,12 @@ def fine_tune_and_register(
     dataset_version: str,
     batches: list[str],
     cell_id: str | None = None,
+    cycle: int | None = None,
 ) -> dict:
     """Fine-tune `base` on `batches` and register the result. With `cell_id`, only that cell's
     batches are used, the policy is written to `<train.out>/<cell_id>` (cells train side by
-    side) and the model version is tagged with the cell."""
+    side) and the model version is tagged with the cell. With `cycle` (the loop's), the run
+    ("finetune cell-07 cycle 3") is a child of the cell's cycle run ("cycle 3 cell-07")."""
     dataset = workspace / params.ingest.dataset
     if cell_id is not None:
         batches = cell_batches(dataset, batches, cell_id)
@@ -44,6 +49,15 @@ def fine_tune_and_register(
     episodes, steps = read_dataset(dataset, sources=batches)
     data = training_examples(episodes, steps, train.intervention_weight)
     base_policy = load_policy(base)
+    who = cell_id or "all cells"
+    parent = None
+    if cycle is not None and cell_id is not None:
+        parent = start_cycle_run(workspace, train.experiment, cycle, cell_id, dataset_version)
+    description = (
+        f"Fine-tunes policy {base_policy.name} for {who} on {len(batches)} validated logs of "
+        f"dataset version {dataset_version}: {len(data)} examples, {data.success_steps} steps "
+        f"of successful episodes and {data.correction_steps} operator corrections."
+    )
     with start_finetune_run(
         workspace,
         train.experiment,
@@ -51,7 +65,10 @@ def fine_tune_and_register(
         dataset_version=dataset_version,
         dataset_source=str(dataset),
         dataset_profile=_profile(data),
-        run_name=f"finetune-{cell_id}" if cell_id else None,
+        run_name=stage_run_name("finetune", who, cycle),
+        cell_id=cell_id,
+        parent_run_id=parent,
+        description=description,
     ) as run:
         run_id = run.info.run_id
         log_training_batches(batches, base_policy.name)
@@ -67,11 +84,13 @@ def fine_tune_and_register(
             folder,
             train.registered_model,
             tags=tags | ({"cell_id": cell_id} if cell_id else {}),
+            input_example=data.observations[:INPUT_EXAMPLE_ROWS],
         )
     return {
         "cell_id": cell_id,
         "policy_folder": str(folder),
         "mlflow_run_id": run_id,
+        "mlflow_cycle_run_id": parent,
         "registered_model": train.registered_model,
         "model_version": version,
         "policy_version": net.config.version,

@@ -6,11 +6,18 @@ is the one `use_workspace` (or `start_finetune_run`) named last, else the curren
 every function also takes `workspace=` to say it explicitly. Each call talks to the store
 through an MlflowClient bound to `tracking_uri(workspace)`. Nothing here calls
 `mlflow.set_tracking_uri`: it also exports MLFLOW_TRACKING_URI to the process environment,
-which would pin every later workspace (and every child process) to the first one.
+which would pin every later workspace (and every child process) to the first one. (Logging
+an MLflow model needs it: `mlflow_context.in_process_store` sets it for that block only.)
 
-What: a run logs the params.yaml `train` section, the dataset version (run tags plus an MLflow
-dataset input), per-epoch losses in batches and a learning-curve plot. The policies a run
-produces go to the model registry: `pipelines.training.registry`.
+What: a fine-tuning run is named for what it is ("finetune cell-07 cycle 3"), says so in its
+description (`mlflow.note.content`), records the code (git commit, branch, dirty) and the user,
+logs the hyperparameters of params.yaml's `train` section as params (nothing else), the dataset
+version (run tags plus an MLflow dataset input), per-epoch losses in batches, system metrics
+(CPU, memory, disk, network; GPU where there is one) and a learning-curve plot. Inside the loop
+it is the child of the cell's cycle run (`pipelines.training.cycle_runs`). Experiments are
+marked for model training (`mlflow.experimentKind`), so MLflow opens them on their runs. The
+policies a run produces go to the model registry: `pipelines.training.registry`. Every name
+is listed in docs/tracking.md.
 
 mlflow is imported on first use, not with this module: it takes seconds, and `realloop --help`
 should not wait for it.
@@ -49,6 +56,20 @@ DATASET_CONTEXT = "training"
 TRAINING_BATCHES_ARTIFACT = "training_batches.json"
 LEARNING_CURVE_ARTIFACT = "learning_curve.png"
 METRIC_NAMES = ("train_loss", "val_loss", "epoch")
+# Of params.yaml's `train` section, what changes the model: the run's params (`train.<name>`).
+# Where files go and what things are called (out, experiment, registered_model) are not.
+HYPERPARAMETERS = (
+    "seed",
+    "epochs",
+    "batch_size",
+    "learning_rate",
+    "val_fraction",
+    "intervention_weight",
+)
+# MLflow 3 opens an experiment by its kind; without the tag a new one may open on GenAI pages.
+EXPERIMENT_KIND_TAG, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
+CELL_TAG = "cell_id"
+STAGE_TAG = "realloop.stage"  # finetune, cycle, trials, gate; calibrate
 # Tags on a run (and, copied by the registry, on its model versions) that answer lineage
 # questions.
 DATASET_VERSION_TAG = "dataset_version"
@@ -107,13 +128,20 @@ def start_finetune_run(
     dataset_source: str,
     dataset_profile: Mapping[str, Any],
     run_name: str | None = None,
+    *,
+    cell_id: str | None = None,
+    parent_run_id: str | None = None,
+    description: str | None = None,
 ) -> Iterator[Run]:
     """Open a run in `experiment` that records what it trains on, and yield it (an MLflow Run:
     `run.info.run_id`). Inside the block it is the active run of EpochLogger,
     log_learning_curve and log_training_batches, and `workspace` is the workspace in use.
     The run ends FINISHED, or FAILED (KILLED on Ctrl-C) when the block raises.
 
-    Params are the `train` section, flattened to params.yaml's dotted keys ("train.epochs").
+    Params are the `train` section's HYPERPARAMETERS under params.yaml's dotted keys
+    ("train.epochs"). Tags: `cell_id`, `realloop.stage` "finetune", `mlflow.parentRunId` (the
+    cycle run, when given), the description and the code and user (`run_context_tags`).
+    System metrics are sampled while the block runs.
     `dataset_version` (the DVC hash of the dataset) goes into the run tags `dataset_version`
     and `dvc.dataset_hash`, and into an MLflow dataset input named "line-dataset" (context
     "training") whose digest is that version, whose source is `dataset_source` (a path,
@@ -123,22 +151,28 @@ def start_finetune_run(
     quiet_mlflow()
     from mlflow.entities import DatasetInput, InputTag, Param
 
+    from pipelines.training.mlflow_context import run_context_tags, system_metrics
+
     if not dataset_version:
         raise ValueError("dataset_version: empty; a run must name the dataset version it uses")
     dataset = _line_dataset(workspace, dataset_version, dataset_source, dataset_profile)
     use_workspace(workspace)
     client = mlflow_client(workspace)
-    experiment_id = _experiment_id(client, workspace, experiment)
-    run = client.create_run(
-        experiment_id,
-        run_name=run_name,
-        tags={DATASET_VERSION_TAG: dataset_version, DVC_HASH_TAG: dataset_version},
-    )
+    experiment_id = ensure_experiment(client, workspace, experiment)
+    tags = {
+        DATASET_VERSION_TAG: dataset_version,
+        DVC_HASH_TAG: dataset_version,
+        STAGE_TAG: "finetune",
+        **({CELL_TAG: cell_id} if cell_id else {}),
+        **run_context_tags(description, parent_run_id),
+    }
+    run = client.create_run(experiment_id, run_name=run_name, tags=tags)
     run_id = run.info.run_id
     status = "FAILED"
     active = _active_run_id.set(run_id)
+    monitor = system_metrics(run_id, tracking_uri(workspace))
     try:
-        params_flat = flatten({"train": dataclasses.asdict(params)})
+        params_flat = flatten({"train": hyperparameters(params)})
         client.log_batch(run_id, params=[Param(k, str(v)) for k, v in params_flat.items()])
         dataset_tags = [
             InputTag("mlflow.data.context", DATASET_CONTEXT),
@@ -152,7 +186,14 @@ def start_finetune_run(
         raise
     finally:
         _active_run_id.reset(active)
+        if monitor is not None:
+            monitor.finish()
         client.set_terminated(run_id, status)
+
+
+def hyperparameters(params: TrainParams) -> dict[str, Any]:
+    every = dataclasses.asdict(params)
+    return {name: every[name] for name in HYPERPARAMETERS}
 
 
 class EpochLogger:
@@ -224,13 +265,21 @@ def log_calibration_run(
     quiet_mlflow()
     from mlflow.entities import DatasetInput, InputTag, Metric, Param
 
+    from pipelines.training.mlflow_context import run_context_tags
+
     dataset = _line_dataset(workspace, dataset_version, dataset_source, dataset_profile)
     use_workspace(workspace)
     client = mlflow_client(workspace)
+    about = f"Real-to-sim calibration on the logs of dataset version {dataset_version}."
     run = client.create_run(
-        _experiment_id(client, workspace, experiment),
+        ensure_experiment(client, workspace, experiment),
         run_name=f"calibrate-{dataset_version[:12]}",
-        tags={DATASET_VERSION_TAG: dataset_version, DVC_HASH_TAG: dataset_version},
+        tags={
+            DATASET_VERSION_TAG: dataset_version,
+            DVC_HASH_TAG: dataset_version,
+            STAGE_TAG: "calibrate",
+            **run_context_tags(about),
+        },
     )
     run_id, status = run.info.run_id, "FAILED"
     try:
@@ -329,11 +378,20 @@ def quiet_mlflow() -> None:
         message=r"The ``noload`` loader strategy is deprecated",
         module=r"mlflow\.store\.",
     )
+    # Logging a DataFrame input example compares its columns with a range, which pandas 3
+    # deprecates; inside mlflow, not ours to fix either.
+    warnings.filterwarnings(
+        "ignore", message=r"Operation with range is deprecated", module=r"mlflow\.models\."
+    )
     import mlflow  # noqa: F401  (configures mlflow's loggers)
 
     # "Creating initial MLflow database tables..." / "Updating database tables" (INFO) on the
     # first use of a SQLite file; alembic's own migration logs are already at WARNING.
-    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
+    # The system-metrics sampler says when it starts and stops, and model logging that it
+    # checks the input example, at INFO on every run.
+    quiet = ("mlflow.store.db.utils", "mlflow.system_metrics", "mlflow.pyfunc", "mlflow.models")
+    for name in quiet:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def mlflow_client(workspace: Path | None) -> MlflowClient:
@@ -355,7 +413,7 @@ def _workspace(workspace: Path) -> Path:
     return Path(workspace).resolve()
 
 
-def _experiment_id(client: MlflowClient, workspace: Path, name: str) -> str:
+def ensure_experiment(client: MlflowClient, workspace: Path, name: str) -> str:
     from mlflow.exceptions import MlflowException
 
     experiment = client.get_experiment_by_name(name)
@@ -364,7 +422,9 @@ def _experiment_id(client: MlflowClient, workspace: Path, name: str) -> str:
         if location is not None:
             Path(location).mkdir(parents=True, exist_ok=True)
         try:
-            return client.create_experiment(name, artifact_location=location)
+            return client.create_experiment(
+                name, artifact_location=location, tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING}
+            )
         except MlflowException as exc:  # another process created it first
             if exc.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
@@ -374,6 +434,8 @@ def _experiment_id(client: MlflowClient, workspace: Path, name: str) -> str:
             f"MLflow experiment {name!r} is deleted; restore it (mlflow experiments restore) "
             "or set train.experiment to another name"
         )
+    if EXPERIMENT_KIND_TAG not in experiment.tags:  # made before realloop marked its experiments
+        client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING)
     return experiment.experiment_id
 
 

@@ -35,7 +35,7 @@ def production_model(workspace, params, cell_id: str) -> str:
 
 
 def test_a_cycle_serves_the_fleet_or_the_one_cell_asked_for(params):
-    assert cycle.fleet_cells(params) == ["cell-07"]
+    assert cycle.fleet_cells(params) == ["cell-07", "cell-08"]  # params.yaml: the demo's fleet
     assert cycle.fleet_cells(params, "cell-12") == ["cell-12"]
     with pytest.raises(ValueError, match="not a safe name"):
         cycle.fleet_cells(params, "../cell")

@@ -24,6 +24,7 @@ import yaml
 
 from pipelines.ingest.sources import STAGING_DIR, s3_client
 from tests.conftest import ROOT
+from tests.flows.prefect_record import wait_for_log
 from tests.pipelines.test_sources import FaultyProxy, proxy, s3_env, s3_server  # noqa: F401
 
 pytestmark = pytest.mark.timeout(300)
@@ -152,6 +153,18 @@ def test_landing_folder_one_task_per_file_with_bounded_concurrency(
     assert again["dataset_version"] == first["dataset_version"] and not again["dataset"]["new"]
     assert (again["ingest"]["files_landed"], again["ingest"]["files_skipped"]) == (2, 2)
     assert names(task_runs(again["ingest"]["run_id"], 2)) == ["list-source", "version-dataset"]
+
+    # Each run says what it did in a sentence and leaves an `ingest-report` artifact.
+    said = wait_for_log(first["ingest"]["run_id"], "new file(s)")
+    assert any(
+        m.startswith("ingested 2 new file(s)") and "from 1 cell(s) (cell-07: 2)" in m
+        for m in said["logs"]
+    ), said["logs"]
+    [artifact] = [a for a in said["artifacts"] if a["key"] == "ingest-report"]
+    assert artifact["type"] == "markdown" and "| cell-07 | 2 |" in artifact["data"]
+    assert "cell-07_empty.mcap" in artifact["data"]  # quarantined, with its reason
+    said = wait_for_log(again["ingest"]["run_id"], "nothing new")
+    assert any(m.startswith("nothing new, 2 already seen") for m in said["logs"]), said["logs"]
 
     # One more log: one new version, "+1 files".
     shutil.copy(logs(shift)[2], landing / logs(shift)[2].name)

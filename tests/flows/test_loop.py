@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from datetime import UTC, datetime, timedelta
@@ -29,6 +32,7 @@ from edge.trials import fetch_arm, open_requests, read_history
 from pipelines.contract.params import load_params
 from pipelines.ingest import sha256_file
 from tests.conftest import ROOT, realloop
+from tests.pipelines.test_cycle_record import copy_pipeline
 from tests.pipelines.test_ingest_helpers import raw_copy
 
 pytestmark = pytest.mark.timeout(900)
@@ -159,6 +163,7 @@ def record_production_shift(workspace: Path, cell_id: str, index: int) -> None:
 def cycle(tmp_path_factory):
     workspace = tmp_path_factory.mktemp("workspace")
     small_params(workspace)
+    copy_pipeline(workspace, code=False)  # dvc.yaml: the loop records finetune@<cell> stages
     run = realloop("cell", "pretrain", "--json", cwd=workspace)
     assert run.returncode == 0, run.stderr
     deployed = {}
@@ -285,6 +290,101 @@ def test_the_human_summary_has_a_row_per_cell(cycle):
     for cell_id in (*ANSWERING, SILENT):
         assert cell_id in text
     assert "promoted version" in text and "trials incomplete" in text
+
+
+def test_the_cycle_leaves_artifacts_and_says_what_each_stage_did(cycle):
+    from flows.cycle import cell_rows
+
+    workspace, summary, by_cell = cycle[:3]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    run = subprocess.run(
+        [sys.executable, "-m", "tests.flows.prefect_record", str(workspace)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    record = json.loads(run.stdout)
+    assert {"retrain-loop", "await-trials", "ingest"} <= set(record["runs"].values())
+    by_key: dict[str, list[dict]] = {}
+    for artifact in record["artifacts"]:
+        by_key.setdefault(artifact["key"], []).append(artifact)
+
+    [table] = [a["data"] for a in by_key["cycle-summary"] if "### cycle 0:" in a["data"]]
+    for row in cell_rows(summary):  # the terminal's rows, each cell with its verdict
+        assert "| " + " | ".join(row.values()) + " | " in table
+    for cell_id in ANSWERING:
+        run_id = by_cell[cell_id]["training"]["mlflow_run_id"]
+        assert f"PASSED | promoted version {by_cell[cell_id]['promoted_version']} |" in table
+        assert f"MLflow run {run_id} in sqlite:///" in table
+        [gate] = by_key[f"{cell_id}-gate"]
+        successes = by_cell[cell_id]["trials"]["candidate"]["successes"]
+        assert "gate PASSED" in gate["data"] and f"{successes}/{EPISODES_PER_ARM} " in gate["data"]
+        assert run_id in by_key[f"{cell_id}-mlflow-run"][0]["data"]
+    assert f"{SILENT}-gate" not in by_key and "Data Docs" in table
+    [cells] = [c for c in (json.loads(a["data"]) for a in by_key["cycle-cells"]) if len(c) == 3]
+    assert [(c["cell"], c["outcome"]) for c in cells] == [
+        (c, by_cell[c]["outcome"]) for c in (*ANSWERING, SILENT)
+    ]
+    waited = {r["cell"]: r["state"] for r in json.loads(by_key["trials-wait"][0]["data"])}
+    assert waited == {"cell-07": "complete", "cell-08": "complete", SILENT: "timed out"}
+    docs = [a["data"] for a in by_key["data-docs"]]  # a link artifact is markdown
+    assert docs and all("(file://" in d and d.endswith("index.html)") for d in docs)
+    assert len(by_key["ingest-report"]) >= 2  # the first ingest and the polls'
+
+    logs = "\n".join(record["logs"])
+    for sentence in (
+        "ingested ",
+        "validated ",
+        "cell-07: production model version ",
+        "cell-07: fine-tuned on ",
+        "cell-08: trials complete (attempt-2)",
+        "cell-07: gate PASS: candidate ",
+        f"cell-08: promoted version {by_cell['cell-08']['promoted_version']} as bundle ",
+        f"{SILENT}: trials incomplete: ",
+        f"{SILENT}: trial request {by_cell[SILENT]['trial_request']['request_id']} withdrawn",
+        "cycle 0: 3 cell(s): promoted: cell-07, cell-08; trials incomplete: cell-09",
+    ):
+        assert sentence in logs, sentence
+
+
+def test_dvc_sees_the_cycle_its_stages_up_to_date_its_metrics_and_learning_curves(cycle):
+    workspace, summary = cycle[0], cycle[1]
+    cells = (*ANSWERING, SILENT)  # the silent cell was fine-tuned too
+    stages = [f"finetune@{c}" for c in cells]
+    assert summary["dvc"]["stages"] == stages
+
+    def dvc(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "dvc", *args], cwd=workspace, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert json.loads(dvc("status", "--json", *stages)) == {}
+    metrics = json.loads(dvc("metrics", "show", "--json"))[""]["data"]
+    trials = metrics["cycles/trials.json"]["data"]
+    assert sorted(trials) == list(ANSWERING)  # gated cells only
+    for cell in ANSWERING:
+        assert trials[cell]["candidate_episodes"] == EPISODES_PER_ARM and trials[cell]["promoted"]
+    for cell in cells:
+        trained = summary_cell(summary, cell)["training"]
+        written = metrics[f"cycles/{cell}/train.json"]["data"]
+        assert written["final_val_loss"] == trained["final_val_loss"]
+        curve = (workspace / "cycles" / cell / "learning_curve.csv").read_text().splitlines()
+        assert curve[0] == "epoch,train_loss,val_loss" and len(curve) == 1 + 60  # train.epochs
+    [head] = [row for row in json.loads(dvc("exp", "show", "--json")) if row["rev"] != "workspace"]
+    assert head["rev"] == summary["dvc"]["commit"]
+    shown = head["data"]["metrics"]["cycles/trials.json"]["data"]
+    assert shown["cell-07"]["candidate_success_rate"] == trials["cell-07"]["candidate_success_rate"]
+    plots = json.loads(dvc("plots", "show", "--json", "--split"))["data"]
+    assert {f"cycles/{c}/learning_curve.csv" for c in cells} <= set(plots)
+
+
+def summary_cell(summary: dict, cell_id: str) -> dict:
+    return next(c for c in summary["cells"] if c["cell"] == cell_id)
 
 
 def test_a_cell_asked_for_without_a_production_model_is_skipped_with_the_way_out(cycle):

@@ -7,15 +7,19 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
+import pandas as pd
 import pytest
 import torch
+import yaml
 
 from pipelines.release.gate import TrialStats, decide
 from pipelines.training import tracking
-from pipelines.training.policy import PolicyConfig, PolicyNet, load_policy, save_policy
+from pipelines.training.policy import Policy, PolicyConfig, PolicyNet, load_policy, save_policy
 from pipelines.training.registry import (
     download_policy,
     gate_tags,
@@ -74,6 +78,7 @@ def trained(tmp_path_factory, params):
     with pytest.MonkeyPatch.context() as env:
         env.delenv("MLFLOW_TRACKING_URI", raising=False)
         env.setattr(tracking, "_workspace_in_use", None)
+        env.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.2")  # samples in a short run
         folder = workspace / "models" / "candidate"
         net = tiny_policy(folder)
         history = [EpochMetrics(e, 1.0 / (e + 1), 1.5 / (e + 1)) for e in range(EPOCHS)]
@@ -84,7 +89,11 @@ def trained(tmp_path_factory, params):
             DATASET_VERSION,
             "data/dataset",
             PROFILE,
+            run_name="finetune cell-07",
+            cell_id="cell-07",
+            description="Fine-tunes cell-07's policy sim-0.",
         ) as run:
+            time.sleep(0.7)  # a few system-metric samples
             log_training_batches(BATCHES, "sim-0")
             with EpochLogger(run.info.run_id, flush_every=10) as logger:
                 for metrics in history:
@@ -118,11 +127,24 @@ def test_run_logs_train_params_tags_and_batched_epoch_metrics(trained, params):
     run = client.get_run(trained.run.run_id)
     assert run.info.status == "FINISHED"
     assert run.info.artifact_uri.startswith(str(trained.workspace.resolve() / "mlartifacts"))
+    hyperparameters = ("seed", "epochs", "batch_size", "learning_rate", "val_fraction")
     assert run.data.params == {
-        f"train.{key}": str(value) for key, value in vars(params.train).items()
-    }
-    assert run.data.tags["dataset_version"] == DATASET_VERSION
-    assert run.data.tags["dvc.dataset_hash"] == DATASET_VERSION
+        f"train.{key}": str(getattr(params.train, key))
+        for key in (*hyperparameters, "intervention_weight")
+    }  # only what changes the model: no paths, no names
+    tags = run.data.tags
+    assert tags["dataset_version"] == DATASET_VERSION
+    assert tags["dvc.dataset_hash"] == DATASET_VERSION
+    assert (run.info.run_name, tags["cell_id"]) == ("finetune cell-07", "cell-07")
+    assert tags["mlflow.note.content"] == "Fine-tunes cell-07's policy sim-0."
+    assert tags["realloop.stage"] == "finetune" and tags["mlflow.user"]
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    assert tags["mlflow.source.git.commit"] == head.stdout.strip()
+    assert tags["mlflow.source.git.dirty"] in ("true", "false")
+    assert not tags["mlflow.source.name"].startswith("/")  # no path of this machine
+    assert any(name.startswith("system/cpu_utilization") for name in run.data.metrics)
+    experiment = client.get_experiment(run.info.experiment_id)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     for name in ("train_loss", "val_loss", "epoch"):
         history = client.get_metric_history(run.info.run_id, name)
         assert sorted(m.step for m in history) == list(range(EPOCHS))
@@ -140,13 +162,25 @@ def test_dataset_version_is_a_training_input_of_the_run(trained):
     assert json.loads(dataset.source) == {"uri": str(trained.workspace / "data" / "dataset")}
 
 
-def test_run_artifacts_are_the_learning_curve_and_the_policy_files_only(trained):
+def logged_model(trained):
+    """The MLflow model the run logged: its one model output."""
+    client = client_for(trained.workspace)
+    (output,) = client.get_run(trained.run.run_id).outputs.model_outputs
+    return client.get_logged_model(output.model_id)
+
+
+def test_run_artifacts_are_the_learning_curve_and_batches_and_the_policy_a_logged_model(trained):
     client = client_for(trained.workspace)
     top = {a.path: a for a in client.list_artifacts(trained.run.run_id)}
-    assert set(top) == {"learning_curve.png", "policy", "training_batches.json"}
+    assert set(top) == {"learning_curve.png", "training_batches.json"}
     assert top["learning_curve.png"].file_size > 1000
-    policy = {a.path for a in client.list_artifacts(trained.run.run_id, "policy")}
-    assert policy == {"policy/model.safetensors", "policy/config.json"}  # no MLmodel, no pickle
+    model = logged_model(trained)
+    assert (model.name, model.source_run_id, model.status) == (
+        "policy",
+        trained.run.run_id,
+        "READY",
+    )
+    assert model.params == client.get_run(trained.run.run_id).data.params
     png = Path(client.download_artifacts(trained.run.run_id, "learning_curve.png"))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -154,7 +188,11 @@ def test_run_artifacts_are_the_learning_curve_and_the_policy_files_only(trained)
 def test_registered_version_is_the_run_policy_folder_and_registering_again_reuses_it(trained):
     info = model_version_info(trained.model, trained.version, workspace=trained.workspace)
     assert info.run_id == trained.run.run_id
-    assert info.source == f"{trained.run.artifact_uri}/policy"
+    assert info.source == f"models:/{logged_model(trained).model_id}"
+    assert info.tags["policy_version"] == "t"
+    card = client_for(trained.workspace).get_model_version(trained.model, trained.version)
+    assert f"dataset version `{DATASET_VERSION}`" in card.description
+    assert "train.epochs = " in card.description and "Not judged yet" in card.description
     assert info.tags["dataset_version"] == DATASET_VERSION
     assert info.tags["cell_id"] == "cell-07"
     assert len(info.tags["policy.sha256"]) == 64
@@ -179,13 +217,156 @@ def test_gate_record_becomes_version_tags_and_a_run_artifact(trained):
     assert float(tags["gate.incumbent.success_rate"]) == 0.5
     assert tags["gate.candidate.safety_stops"] == "0"
     assert float(tags["gate.cycle_time_budget_s"]) == 5.0
-    gate_file = client_for(trained.workspace).download_artifacts(trained.run.run_id, "gate.json")
+    client = client_for(trained.workspace)
+    gate_file = client.download_artifacts(trained.run.run_id, "gate.json")
     assert json.loads(Path(gate_file).read_text()) == json.loads(json.dumps(record))
+    metrics = client.get_run(trained.run.run_id).data.metrics  # sortable, chartable
+    low, _ = decision.candidate["interval"]
+    assert metrics["trial/candidate_success"] == 0.85
+    assert metrics["trial/incumbent_success"] == 0.5
+    assert metrics["trial/candidate_episodes"] == 100
+    assert metrics["gate/lower_bound"] == pytest.approx(low)
+    assert metrics["gate/margin"] == pytest.approx(low - 0.5)
+    assert metrics["gate/passed"] == 1.0
+    card = client.get_model_version(trained.model, trained.version).description
+    assert "### Hardware trials" in card and "85/100 successes" in card
+    assert "The gate passed" in card and decision.reasons[0] in card
 
 
 def test_gate_tags_of_a_failed_record():
     tags = gate_tags({"passed": False, "reasons": ["FAIL: 1 safety stops", "pass: x"]})
     assert tags == {"gate.passed": "false", "gate.reasons": "FAIL: 1 safety stops; pass: x"}
+
+
+def logged_observations(params, count: int) -> np.ndarray:
+    """What the reference cell shows a policy, step by step, as its logs record it."""
+    from refcell.runner import run_episodes
+    from refcell.world import load_world
+
+    seen: list[np.ndarray] = []
+    untrained = Policy(PolicyNet(PolicyConfig(hidden=[8])))
+    shift = run_episodes(
+        load_world("line"),
+        params.cell,
+        untrained,
+        40,
+        3,
+        None,
+        (lambda _, r: seen.append(r.observation),),
+    )
+    for _ in shift:
+        if len(seen) >= count:
+            break
+    return np.stack(seen[:count]).astype(np.float32)
+
+
+def test_the_production_alias_loads_with_pyfunc_and_acts_as_the_policy_without_pickle(
+    trained, params, monkeypatch
+):
+    """What an MLflow user does: load the cell's production model by its alias, predict."""
+    import mlflow.pyfunc
+
+    from pipelines.contract.schema import ACTION_FIELDS, OBS_FIELDS
+
+    ws = trained.workspace
+    set_production_alias(trained.model, "cell-07-production", trained.version, workspace=ws)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking_uri(ws))
+    model = mlflow.pyfunc.load_model(f"models:/{trained.model}@cell-07-production")
+    observations = logged_observations(params, 1000)
+    actions = model.predict(pd.DataFrame(observations, columns=list(OBS_FIELDS)))
+    assert list(actions.columns) == list(ACTION_FIELDS) and len(actions) == 1000
+    with torch.inference_mode():
+        expected = load_policy(trained.folder).net(torch.from_numpy(observations)).numpy()
+    assert np.abs(actions.to_numpy() - expected).max() <= 1e-6
+    assert model.metadata.get_input_schema().input_names() == list(OBS_FIELDS)
+
+    folder = Path(logged_model(trained).artifact_location)
+    files = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
+    assert {"MLmodel", "input_example.json", "artifacts/model.safetensors"} <= files
+    assert not [f for f in files if f.endswith((".pkl", ".pickle", ".cloudpickle"))]
+    flavor = yaml.safe_load((folder / "MLmodel").read_text())["flavors"]["python_function"]
+    assert flavor["loader_module"] == "mlflow.pyfunc.loaders.code_model"  # the model is code
+    assert "python_model" not in flavor  # the key of a pickled PythonModel
+    assert (folder / Path(flavor["model_code_path"]).name).is_file()
+
+
+def test_a_cycle_is_a_parent_run_per_cell_with_a_child_run_per_stage(trained, params):
+    from mlflow.entities import Metric
+
+    from pipelines.training.cycle_runs import log_cycle_runs, start_cycle_run, trial_gate_metrics
+
+    ws, experiment = trained.workspace, "cycles"  # the store made already, an experiment of its own
+    parent = start_cycle_run(ws, experiment, 3, "cell-07", "v1")
+    assert start_cycle_run(ws, experiment, 3, "cell-07", "v1") == parent  # a re-run finds it
+    name = "finetune cell-07 cycle 3"
+    with start_finetune_run(
+        ws, experiment, params.train, "v1", "data/dataset", {}, name, parent_run_id=parent
+    ) as run:
+        pass
+    decision = decide(
+        TrialStats("c", 20, 19, 0, 4.0), TrialStats("i", 20, 10, 0, 4.2), 5.0
+    ).as_record()
+    client = client_for(ws)
+    client.log_batch(
+        run.info.run_id,
+        metrics=[Metric(k, v, 0, 0) for k, v in trial_gate_metrics(decision).items()],
+    )  # what record_gate logs when the gate judges
+    promotion = {
+        "promoted": True,
+        "reasons": ["promoted: ..."],
+        "alias": "cell-07-production",
+        "bundle": {"bundle_id": "b1"},
+    }
+    cell = {
+        "cell": "cell-07",
+        "outcome": "promoted",
+        "reason": "...",
+        "dataset_version": "v1",
+        "training": {"mlflow_run_id": run.info.run_id, "model_version": "4"},
+        "trial_request": {"request_id": "r1", "created_at": "2026-12-03T08:00:00Z"},
+        "attempt": {"attempt": "attempt-2"},
+        "waited_s": 12.5,
+        "trials": {a: decision[a] for a in ("candidate", "incumbent")},
+        "gate": {"passed": True, "reasons": decision["reasons"]},
+        "promotion": promotion,
+    }
+    skipped = {
+        "cell": "cell-09",
+        "outcome": "skipped",
+        "reason": "no production model",
+        "dataset_version": "v1",
+    }
+    for _ in range(2):  # ending a cycle twice makes no second set of runs
+        runs = log_cycle_runs(ws, experiment, {"cycle": 3, "cells": [cell, skipped]})
+    assert runs["cell-07"] == parent
+    cycle_run = client.get_run(parent)
+    assert (cycle_run.info.run_name, cycle_run.info.status) == ("cycle 3 cell-07", "FINISHED")
+    assert cycle_run.data.tags["realloop.outcome"] == "promoted"
+    assert cycle_run.data.metrics["trial/candidate_success"] == 0.95  # mirrored
+    assert cycle_run.data.metrics["gate/promoted"] == 1.0
+    children = {
+        r.info.run_name: r
+        for r in client.search_runs(
+            [run.info.experiment_id], f"tags.`mlflow.parentRunId` = '{parent}'"
+        )
+    }
+    assert set(children) == {
+        "finetune cell-07 cycle 3",
+        "trials cell-07 cycle 3",
+        "gate cell-07 cycle 3",
+    }
+    trials = children["trials cell-07 cycle 3"]
+    assert trials.data.metrics["trial/waited_s"] == 12.5
+    assert trials.info.start_time == 1796284800000  # when the request was made
+    gate = children["gate cell-07 cycle 3"]
+    assert gate.data.metrics["gate/lower_bound"] == cycle_run.data.metrics["gate/lower_bound"]
+    assert gate.data.tags["promotion.bundle_id"] == "b1"
+    other = client.get_run(runs["cell-09"])
+    assert (other.info.run_name, other.data.tags["realloop.outcome"]) == (
+        "cycle 3 cell-09",
+        "skipped",
+    )
+    assert "no production model" in other.data.tags["mlflow.note.content"]
 
 
 def test_production_alias_resolves_and_missing_ones_are_none(trained):
@@ -227,7 +408,9 @@ def test_a_run_registers_one_policy_and_tampered_weights_are_refused(trained, pa
     with pytest.raises(ValueError, match="registers one policy"):
         register_policy(run.info.run_id, tmp_path / "policy-b", trained.model, workspace=ws)
 
-    stored = Path(run.info.artifact_uri) / "policy" / "model.safetensors"
+    (output,) = client_for(ws).get_run(run.info.run_id).outputs.model_outputs
+    location = client_for(ws).get_logged_model(output.model_id).artifact_location
+    stored = Path(location) / "artifacts" / "model.safetensors"
     stored.write_bytes((tmp_path / "policy-b" / "model.safetensors").read_bytes())
     dest = tmp_path / "dest"
     with pytest.raises(ValueError, match=r"sha256 .* differs from the registered"):
@@ -245,7 +428,7 @@ def test_model_version_record_holds_the_lineage(trained, params):
     assert record["training_batches"] == sorted(BATCHES)
     assert record["base_policy"] == "sim-0"
     assert record["run"]["tags"]["dvc.dataset_hash"] == DATASET_VERSION
-    assert set(record["run"]["metrics"]) == {"train_loss", "val_loss", "epoch"}
+    assert {"train_loss", "val_loss", "epoch"} <= set(record["run"]["metrics"])
     (dataset,) = record["datasets"]
     assert dataset["digest"] == DATASET_VERSION and dataset["profile"] == PROFILE
     assert dataset["tags"]["mlflow.data.context"] == "training"
@@ -327,3 +510,24 @@ def test_a_first_run_in_a_fresh_workspace_prints_nothing(tmp_path):
     assert done.returncode == 0, done.stderr
     assert (done.stdout, done.stderr) == ("", "")
     assert (tmp_path / "mlflow.db").is_file() and (tmp_path / "dl" / "model.safetensors").is_file()
+
+
+def test_every_name_the_runs_and_versions_carry_is_listed_in_docs_tracking(trained):
+    """docs/tracking.md is the reference reviewers sort and chart by: nothing logged is
+    missing from it (runs here: fine-tune, cycle, trials, gate; the versions' tags)."""
+    doc = (ROOT / "docs" / "tracking.md").read_text()
+    client = client_for(trained.workspace)
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    names = set()
+    for run in client.search_runs(experiments):
+        names |= {*run.data.params, *run.data.metrics, *run.data.tags}
+    for mv in client.search_model_versions(f"name = '{trained.model}'"):
+        names |= set(mv.tags)
+    stages = {r.data.tags.get("realloop.stage") for r in client.search_runs(experiments)}
+    assert stages >= {"finetune", "cycle", "trials", "gate"}  # the cycle test's runs are here
+
+    def listed(name: str) -> bool:
+        general = name.replace("candidate_", "<arm>_").replace("incumbent_", "<arm>_")
+        return f"`{name}`" in doc or f"`{general}`" in doc or name.startswith("gate.")
+
+    assert sorted(n for n in names if not listed(n)) == []
