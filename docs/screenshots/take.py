@@ -162,7 +162,13 @@ def _mlflow_server(workspace: Path):
 @contextmanager
 def _prefect_server(workspace: Path):
     port = _free_port()
-    env = {"PREFECT_HOME": str(workspace / ".prefect"), "PREFECT_API_URL": ""}
+    env = {
+        "PREFECT_HOME": str(workspace / ".prefect"),
+        "PREFECT_API_URL": "",
+        # The UI's own calls go to this URL (default: port 4200, which may be another server).
+        "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api",
+        "PREFECT_SERVER_API_PORT": str(port),
+    }
     command = [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)]
     with _serving(command, f"http://127.0.0.1:{port}", "/api/health", workspace, env) as url:
         yield url
