@@ -92,7 +92,7 @@ def make_store(workspace: Path) -> tuple[str, str]:
     from mlflow.entities import DatasetInput
 
     client = tracking.mlflow_client(workspace)
-    experiment = tracking._experiment_id(client, workspace, "move")
+    experiment = tracking.ensure_experiment(client, workspace, "move")
     run = client.create_run(experiment)
     (workspace / "w.txt").write_text("weights")
     client.log_artifact(run.info.run_id, str(workspace / "w.txt"), "policy")
@@ -130,7 +130,7 @@ def test_a_copied_mlflow_store_names_the_copy_and_logs_there(tmp_path, local_sto
     [dataset] = client.get_run(run_id).inputs.dataset_inputs
     assert json.loads(dataset.dataset.source)["uri"] == f"{copy}/data/dataset"
     # what the copy logs lands in the copy, and the original is never opened
-    new = client.create_run(tracking._experiment_id(client, copy, "move"))
+    new = client.create_run(tracking.ensure_experiment(client, copy, "move"))
     client.log_text(new.info.run_id, "x", "note.txt")
     assert (copy / "mlartifacts" / new.info.run_id / "artifacts" / "note.txt").is_file()
     assert client.download_artifacts(run_id, "policy/w.txt", str(tmp_path))

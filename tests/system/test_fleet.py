@@ -33,7 +33,8 @@ from pipelines.ingest import read_dataset
 from tests.conftest import ROOT, realloop
 from tests.flows.test_loop import small_params
 
-pytestmark = pytest.mark.timeout(1200)
+# Three cell processes and two loops: about 3 minutes on 2 cores, so `make test-all` runs it.
+pytestmark = [pytest.mark.timeout(1200), pytest.mark.slow]
 
 CELLS = ("cell-07", "cell-08", "cell-09")
 KILLED, FROZEN = "cell-08", "cell-09"
