@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import subprocess
 import sys
 import uuid
@@ -31,6 +32,12 @@ def tiny_pretrain(params):
     return dataclasses.replace(
         params.pretrain, demo_episodes=8, dagger_rounds=1, dagger_episodes=4, epochs=2
     )
+
+
+def without_prefect_settings() -> dict[str, str]:
+    """This process's environment without PREFECT_* settings: a child picks its own API
+    (the ephemeral one, state in its workspace), not the test session's."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
 
 
 def realloop(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:

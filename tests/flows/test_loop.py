@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -31,7 +30,7 @@ from edge.channels import open_channel
 from edge.trials import fetch_arm, open_requests, read_history
 from pipelines.contract.params import load_params
 from pipelines.ingest import sha256_file
-from tests.conftest import ROOT, realloop
+from tests.conftest import ROOT, realloop, without_prefect_settings
 from tests.pipelines.test_cycle_record import copy_pipeline
 from tests.pipelines.test_ingest_helpers import raw_copy
 
@@ -296,7 +295,7 @@ def test_the_cycle_leaves_artifacts_and_says_what_each_stage_did(cycle):
     from flows.cycle import cell_rows
 
     workspace, summary, by_cell = cycle[:3]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env = without_prefect_settings()
     run = subprocess.run(
         [sys.executable, "-m", "tests.flows.prefect_record", str(workspace)],
         cwd=ROOT,

@@ -1,6 +1,5 @@
 """configure_prefect: an ephemeral API kept in the workspace, and quiet while flows run."""
 
-import os
 import sqlite3
 import subprocess
 import sys
@@ -8,7 +7,7 @@ import textwrap
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, without_prefect_settings
 
 FLOW_SCRIPT = textwrap.dedent(
     """
@@ -43,7 +42,7 @@ FLOW_SCRIPT = textwrap.dedent(
 
 @pytest.mark.timeout(240)
 def test_ephemeral_flow_run_is_quiet_and_kept_in_the_workspace(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env = without_prefect_settings()
     run = subprocess.run(
         [sys.executable, "-c", FLOW_SCRIPT, str(tmp_path)],
         cwd=ROOT,
