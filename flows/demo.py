@@ -136,10 +136,23 @@ def _realloop(*args: str, quiet: bool = True) -> subprocess.CompletedProcess:
 
 
 def _ensure_sim_policy(params_path: Path, folder: str) -> None:
+    """Pretrain as a DVC user does, `dvc repro pretrain`, so the policy is in DVC's cache and
+    `dvc status` stays clean; with other params than the workspace's, `realloop cell pretrain`."""
     if (Path(folder) / "config.json").is_file():
         return
     stderr.print("demo: pretraining the sim policy (BC + DAgger in the randomized sim)")
-    _realloop("cell", "pretrain", "--params", str(params_path), quiet=False)
+    if Path(params_path).resolve() != Path("params.yaml").resolve():
+        _realloop("cell", "pretrain", "--params", str(params_path), quiet=False)
+        return
+    # dvc.yaml's command is `realloop ...`: the venv this demo runs from comes first on PATH.
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    command = [sys.executable, "-m", "dvc", "repro", "--quiet", "pretrain"]
+    # stdout is the stage's --json summary; progress and errors are on stderr.
+    done = subprocess.run(
+        command, env=os.environ | {"PATH": path}, stdout=subprocess.DEVNULL, check=False
+    )
+    if done.returncode != 0:
+        raise CommandError("`dvc repro pretrain` failed; its error is above")
 
 
 def deploy_initial(params_path: Path, policy: str, cell: str) -> None:
@@ -176,6 +189,7 @@ def start_cell(fleet: Fleet, cell: str, demo, seed: int) -> subprocess.Popen:
     command += ["--world", cell, "--channel", fleet.channel, "--landing", fleet.landing]
     command += ["--box", str(box), "--episodes-per-shift", str(demo.episodes_per_shift)]
     command += ["--speed", str(demo.speed), "--seed", str(seed), "--no-ground-truth"]
+    command += ["--shifts", str(demo.shifts)]
     log = (DEMO_DIR / f"{cell}.log").open("a")
     stderr.print(f"demo: {cell} started (log: {DEMO_DIR / f'{cell}.log'})")
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log)

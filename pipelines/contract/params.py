@@ -241,6 +241,7 @@ class SimulatorParams:
 class DemoParams:  # `make demo`: reference cells as processes, the loop until each is promoted
     cells: Annotated[tuple[CellId, ...], Field(min_length=1)]
     episodes_per_shift: PositiveInt
+    shifts: PositiveInt  # production shifts per cell; then a cell only runs trial requests
     speed: PositiveFloat  # cell seconds per wall second
     max_cycles: PositiveInt
     trial_episodes: PositiveInt  # per arm
