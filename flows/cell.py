@@ -245,6 +245,7 @@ def run_cell(
             f"--world {world}: no such world; use one of {', '.join(WORLD_NAMES)} or a YAML file"
         )
     params = load_params(params_path)
+    _one_control_thread()
     config = CellRunConfig(
         cell_id, world, channel, landing, box, episodes_per_shift, seed, speed, poll_s, ground_truth
     )
@@ -259,6 +260,14 @@ def run_cell(
     except EdgeError as exc:
         raise CommandError(str(exc)) from None
     emit(summary, as_json, lambda p: None)  # the log on stderr already told the story
+
+
+def _one_control_thread() -> None:
+    """A cell acts on one observation at a time: torch's thread pool cannot speed up a batch of
+    one, and with cells and training sharing cores its spin-waits only take CPU from them."""
+    import torch
+
+    torch.set_num_threads(1)
 
 
 def _parse_start(start: str | None) -> datetime:

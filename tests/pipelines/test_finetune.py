@@ -7,7 +7,7 @@ import torch
 
 from pipelines.contract.schema import EPISODES_SCHEMA, STEPS_SCHEMA
 from pipelines.training.finetune import finetune, training_examples
-from pipelines.training.policy import Policy, PolicyConfig, PolicyNet
+from pipelines.training.policy import OBS_SIZE, Policy, PolicyConfig, PolicyNet
 
 
 def _episodes(rows: list[dict]) -> pa.Table:
@@ -204,3 +204,34 @@ def test_finetune_refuses_an_empty_training_set(tables, params):
     assert len(data) == 0
     with pytest.raises(ValueError, match="no training examples"):
         finetune(PolicyNet(PolicyConfig(hidden=[4])), data, params.train, "line-1")
+
+
+def test_training_runs_on_one_thread_with_the_same_weights_and_restores_the_callers_setting():
+    from pipelines.training.train import fit
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(600, OBS_SIZE)).astype(np.float32)
+    y = rng.uniform(-1, 1, size=(600, 2)).astype(np.float32)
+    seen, weights = [], []
+    before = torch.get_num_threads()
+    try:
+        for threads in (2, 1):
+            torch.set_num_threads(threads)
+            torch.manual_seed(0)
+            net = PolicyNet(PolicyConfig())
+            fit(
+                net,
+                x,
+                y,
+                epochs=2,
+                batch_size=64,
+                learning_rate=1e-3,
+                seed=3,
+                on_epoch=lambda _: seen.append(torch.get_num_threads()),
+            )
+            weights.append(torch.cat([p.detach().flatten() for p in net.parameters()]))
+            assert torch.get_num_threads() == threads  # the caller's setting is back
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [1, 1, 1, 1]
+    assert torch.equal(weights[0], weights[1])
