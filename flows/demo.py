@@ -146,7 +146,7 @@ def _ensure_sim_policy(params_path: Path, folder: str) -> None:
         return
     # dvc.yaml's command is `realloop ...`: the venv this demo runs from comes first on PATH.
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-    command = [sys.executable, "-m", "dvc", "repro", "--quiet", "pretrain"]
+    command = [sys.executable, "-m", "dvc", "repro", "pretrain"]
     # stdout is the stage's --json summary; progress and errors are on stderr.
     done = subprocess.run(
         command, env=os.environ | {"PATH": path}, stdout=subprocess.DEVNULL, check=False
