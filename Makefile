@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTHON ?= python3
 
-.PHONY: setup demo test test-all lint bench clean
+.PHONY: setup demo test test-all test-services test-faults services lint bench clean
 
 setup: $(VENV)/.installed
 
@@ -24,13 +24,27 @@ demo: setup
 test: setup
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/pytest -q -m "not slow"
+	$(BIN)/pytest -q -m "not slow and not services and not faults"
 
 # Adds the slow checks: e.g. triage precision on a 1,000-episode shift (needs models/sim-policy).
 test-all: setup
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -m "not services and not faults"
+
+# The production profile (PostgreSQL, Prefect and MLflow servers, S3 store, workers) end to end;
+# needs Debian's postgresql package (`apt-get install -y postgresql`).
+test-services: setup
+	$(BIN)/pytest -q -m services
+
+# The fault suite (tests/faults): workers killed, PostgreSQL restarted, MLflow and S3 down,
+# two loops at once, each against its own production profile on loopback; needs postgresql.
+test-faults: setup
+	$(BIN)/pytest -q -m faults tests/faults
+
+# The production profile on this machine; `$(BIN)/realloop services down` stops it.
+services: setup
+	$(BIN)/realloop services up
 
 lint: setup
 	$(BIN)/ruff check .

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
 from flows import (
@@ -10,12 +12,15 @@ from flows import (
     commands,
     demo,
     deploy,
+    deployments,
     drift_cli,
     gc_cli,
     serve_cli,
+    services_cli,
     triage_cli,
     validate_cli,
 )
+from flows.services import load_services_env
 
 app = typer.Typer(
     help="realloop: real line logs in, gated and promoted models out to the edge box.",
@@ -39,6 +44,9 @@ def _options(
     ),
 ) -> None:
     """realloop: real line logs in, gated and promoted models out to the edge box."""
+    # Before any command reads PREFECT_API_URL, MLFLOW_TRACKING_URI or the S3 endpoint: the
+    # servers `realloop services up` started in this workspace (exported values win).
+    load_services_env(Path.cwd())
 
 
 app.add_typer(cell.app, name="cell")
@@ -48,6 +56,7 @@ app.command()(commands.datasets)
 app.command()(commands.train)
 app.command()(commands.lineage)
 app.command("serve")(serve_cli.serve_command)
+app.command("deploy-flows")(deployments.deploy_flows_command)
 app.command("drift")(drift_cli.drift_command)
 app.command("triage")(triage_cli.triage_command)
 app.command("validate")(validate_cli.validate_command)
@@ -56,6 +65,7 @@ app.command("calibrate")(calibrate_cli.calibrate_command)
 app.command("deploy")(deploy.deploy_command)
 app.command("demo")(demo.demo_command)
 app.command("gc")(gc_cli.gc_command)
+app.add_typer(services_cli.app, name="services")
 
 if __name__ == "__main__":
     app()

@@ -50,8 +50,12 @@ def loop(
 
     workspace = _workspace()
     _check_ingest(workspace, params_path, source)
-    fleet_cells(load_params(params_path), cell)  # a bad cell id fails here, in one line
+    params = load_params(params_path)
+    cells = fleet_cells(params, cell)  # a bad cell id fails here, in one line
     from flows.loop import loop_flow
+    from flows.loop_lock import check_free
+
+    check_free(workspace, cells, params)  # another loop on a cell: one line, no failed run
 
     summary = loop_flow(
         params_path=str(params_path),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import sys
 from collections.abc import Callable, Iterator
@@ -31,6 +32,11 @@ def fails_cleanly(command: Callable) -> Callable:
         except (CommandError, FileNotFoundError, LookupError, ValueError) as exc:
             message = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
             print(f"realloop: {message}", file=sys.stderr)
+            raise typer.Exit(1) from None
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):  # a full disk is expected too
+                raise
+            print(f"realloop: {str(exc).splitlines()[0]}", file=sys.stderr)
             raise typer.Exit(1) from None
 
     return wrapper

@@ -24,13 +24,26 @@ def drift_command(params_path: ParamsOpt = Path("params.yaml"), as_json: JsonOpt
     workspace = Path.cwd()
     params = load_params(params_path)
     report = drift_report(workspace, params, production_record(params, workspace))
+    report["event"] = _emit_detected(report) if report["trigger"] else None
     emit(report, as_json, _print_drift)
 
 
-def production_record(params, workspace: Path) -> dict | None:
-    """The registry record of `<cell_id><promote.alias_suffix>`'s model version, or None
-    before any promotion. Without a tracking server or a workspace store there is none, and
-    no empty mlflow.db is made just to find that out."""
+def _emit_detected(report: dict) -> str | None:
+    """realloop.drift.detected for the retrain-loop deployment's trigger; the event's name
+    when a server took it (none without PREFECT_API_URL: nothing would act on it)."""
+    from flows import events
+
+    payload = {
+        key: report[key] for key in ("cell", "reasons", "drifted_features", "new_edge_cases")
+    } | {"dataset_version": report["current"]["dataset_version"]}
+    resource = f"realloop.cell.{report['cell']}"
+    return events.DRIFT_DETECTED if events.emit(events.DRIFT_DETECTED, resource, payload) else None
+
+
+def production_record(params, workspace: Path, cell_id: str | None = None) -> dict | None:
+    """The registry record of `<cell_id><promote.alias_suffix>`'s model version (default:
+    cell.cell_id), or None before any promotion. Without a tracking server or a workspace
+    store there is none, and no empty mlflow.db is made just to find that out."""
     from pipelines.training import DB_FILE, model_version_record, production_version
 
     if not os.environ.get("MLFLOW_TRACKING_URI") and not (workspace / DB_FILE).is_file():
@@ -38,7 +51,8 @@ def production_record(params, workspace: Path) -> dict | None:
     from flows.cycle import production_alias
 
     model = params.train.registered_model
-    production = production_version(model, production_alias(params), workspace=workspace)
+    alias = production_alias(params, cell_id)
+    production = production_version(model, alias, workspace=workspace)
     if production is None:
         return None
     return model_version_record(model, production.version, workspace=workspace)
@@ -80,5 +94,7 @@ def _print_drift(report: dict) -> None:
     stdout.print(f"trigger: {verdict}")
     for reason in report["reasons"]:
         stdout.print(f"  {reason}", soft_wrap=True, highlight=False)
+    if report.get("event"):
+        stdout.print(f"event: {report['event']} sent to {os.environ.get('PREFECT_API_URL')}")
     if report["plots"]:
         stdout.print(f"plots: {Path(report['plots'][0]).parent}/", soft_wrap=True)

@@ -11,6 +11,10 @@ only while their episodes are in the dataset), so they cost neither a task, a do
 re-hash; they are reported as skipped but get no new manifest line. Capture sidecars are read
 once per run and handed to each file's task. Versioning then runs once: `dvc add`, a git
 commit and tag when data was added, `dvc push`.
+
+The per-file tasks run in the flow's thread pool, or on a Dask cluster when `ingest.cluster`
+names one (`flows/ingest_runner.py`). A full disk at any step stops the run: no further file
+is started and the flow run fails with one line naming the step and the path.
 """
 
 from __future__ import annotations
@@ -26,12 +30,15 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
 from prefect.runtime import flow_run
+from prefect.states import Failed
 from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.tasks import exponential_backoff
 from prefect.utilities.annotations import quote
 
 from flows import artifacts
 from flows.console import progress_bar
+from flows.ingest_events import notify
+from flows.ingest_runner import capacity, per_file_runner
 from pipelines.contract.params import Params, load_params
 from pipelines.ingest import (
     LandingFolder,
@@ -46,6 +53,7 @@ from pipelines.ingest import (
     open_source,
     safe_parts,
 )
+from pipelines.ingest.disk import DiskFullError, on_disk_full
 
 SEEN = Path(".realloop/landed.jsonl")  # in the workspace
 DEFAULT_WORKERS = 4
@@ -86,6 +94,8 @@ def download(source: S3Prefix, file: SourceFile, name: str) -> str | None:
         return str(source.fetch(file))
     except ObjectGone:
         return None
+    except DiskFullError as exc:
+        return exc  # as `ingest_one`: one line from the flow, no task traceback
 
 
 @task(name="ingest-file", task_run_name="ingest {name}", cache_policy=NO_CACHE)
@@ -124,6 +134,10 @@ def ingest_one(
         if path.exists():
             raise
         return None
+    except DiskFullError as exc:
+        # Returned, not raised: the flow stops and says it in one line; a failed task would
+        # print its traceback, once per file in flight.
+        return exc
 
 
 @task(name="version-dataset")
@@ -133,8 +147,12 @@ def version_dataset(params: Params, workspace: Path) -> dict:
 
     ingest = params.ingest
     unversioned = (workspace / ingest.landing, workspace / ingest.quarantine)
-    versioning.ensure_workspace(workspace, ingest.remote, unversioned=unversioned)
-    return versioning.version_dataset(workspace, workspace / params.ingest.dataset).as_dict()
+    try:
+        with on_disk_full("writing the dataset version", workspace):
+            versioning.ensure_workspace(workspace, ingest.remote, unversioned=unversioned)
+        return versioning.version_dataset(workspace, workspace / params.ingest.dataset).as_dict()
+    except DiskFullError as exc:
+        return exc  # as `ingest_one`: one line from the flow, no task traceback
 
 
 @flow(name="ingest", task_runner=ThreadPoolTaskRunner(max_workers=MAX_WORKERS))
@@ -145,14 +163,25 @@ def ingest_flow(
     progress: bool = False,
 ) -> dict:
     """Ingest everything new from `source` (default: the landing folder) and version the
-    dataset. `progress` draws bars on stderr (the command line's)."""
+    dataset. `progress` draws bars on stderr (the command line's). A full disk fails the
+    run with one line naming the step and the path (`pipelines/ingest/disk.py`)."""
+    try:
+        return _ingest(params_path, workspace, source, progress)
+    except DiskFullError as exc:
+        # A Failed state, not a raise: Prefect logs a raised exception's traceback. The
+        # caller of the flow still gets the DiskFullError raised.
+        return Failed(message=str(exc), data=exc)
+
+
+def _ingest(params_path: str, workspace: str, source: str | None, progress: bool) -> dict:
     from pipelines.ingest import check_can_version
 
     params = load_params(params_path)
     root = Path(workspace).resolve()
     dataset = root / params.ingest.dataset
     check_can_version(root, dataset)  # before anything is written
-    dataset.mkdir(parents=True, exist_ok=True)
+    with on_disk_full("preparing the dataset folder", dataset):
+        dataset.mkdir(parents=True, exist_ok=True)
     run = _Run(
         params=params,
         root=root,
@@ -161,13 +190,16 @@ def ingest_flow(
         workers=_workers(params),
     )
     origin = open_source(source, root / params.ingest.landing, root, exclude=run.exclude)
-    with progress_bar(progress) as update:
+    cluster = params.ingest.cluster
+    with per_file_runner(cluster, run.workers) as run.runner, progress_bar(progress) as update:
         run.update = update
         if isinstance(origin, S3Prefix):
             _from_s3(run, origin)
         else:
             _from_folder(run, origin)
     version = version_dataset(params, root)
+    if isinstance(version, DiskFullError):
+        raise version
     result = {
         "source": origin.uri,
         "ingest": run.report().as_dict(),
@@ -177,6 +209,7 @@ def ingest_flow(
     by_cell = artifacts.new_files_by_cell(dataset, result["ingest"]["ingested"])
     artifacts.log(artifacts.ingest_sentence(result["ingest"], by_cell, version))
     artifacts.ingest_report(result, by_cell)
+    notify(params, root, result)  # events for automations: retrain, resume a loop
     if run.failed:
         raise SourceError(
             f"{len(run.failed)} file(s) could not be fetched, the rest is in dataset "
@@ -196,6 +229,7 @@ class _Run:
     seen: SeenFiles
     workers: int
     update: Callable[[str, int, int], None] = lambda *_: None
+    runner: object | None = None  # a started DaskTaskRunner (ingest.cluster), else the flow's
     started: datetime = field(default_factory=lambda: datetime.now(UTC))
     results: list = field(default_factory=list)  # FileResults, in the order files were done
     failed: list[str] = field(default_factory=list)  # why files could not be fetched
@@ -256,7 +290,8 @@ class _Run:
             return None
         result = replace(result, source=file.uri)
         self.results.append(result)
-        self.seen.add(file, result.sha256, result.result, result.reason)
+        with on_disk_full("recording the report", self.seen.path):
+            self.seen.add(file, result.sha256, result.result, result.reason)
         return result.result
 
     def ingest(
@@ -294,12 +329,23 @@ class _Run:
             }
             for file, path in files
         ]
+        # On a cluster, twice what it runs at once is in flight: no worker waits for the next.
+        limit = 2 * capacity(self.runner) if self.runner else self.workers
         results = _bounded(
-            ingest_one, calls, self.workers, lambda done: self.update("ingest", done, len(calls))
+            ingest_one,
+            calls,
+            limit,
+            lambda done: self.update("ingest", done, len(calls)),
+            runner=self.runner,
         )
-        return [
-            self.record(file, _raise_failed(r)) for (file, _), r in zip(files, results, strict=True)
+        full = next((r for r in results if isinstance(r, DiskFullError)), None)
+        outcomes = [
+            None if isinstance(r, DiskFullError) else self.record(file, _raise_failed(r))
+            for (file, _), r in zip(files, results, strict=True)
         ]
+        if full:
+            raise full  # files not ingested stay where they landed, for the next run
+        return outcomes
 
 
 def _from_folder(run: _Run, origin: LandingFolder) -> None:
@@ -327,6 +373,9 @@ def _from_s3(run: _Run, origin: S3Prefix) -> None:
         run.workers,
         lambda done: run.update("download", done, len(fetch)),
     )
+    full = next((r for r in fetched if isinstance(r, DiskFullError)), None)
+    if full:
+        raise full  # the bucket keeps every object; staged ones are used by the next run
     gone = set()
     for obj, result in zip(fetch, fetched, strict=True):
         if isinstance(result, BaseException):
@@ -382,9 +431,11 @@ class _Scan:
         return self.folder.scan()
 
 
-def _bounded(task, calls: list[dict], limit: int, done: Callable[[int], None]) -> list:
+def _bounded(task, calls: list[dict], limit: int, done: Callable[[int], None], runner=None) -> list:
     """Submit `task` once per keyword set, at most `limit` running at a time; return the
-    results in order (a failed task's exception in its place)."""
+    results in order (a failed task's exception in its place). `runner`: a started task
+    runner to submit to instead of the flow's. After a DiskFullError nothing more is
+    submitted (those calls' results stay None): every other file would fail the same way."""
     if not hasattr(task, "submit"):  # a plain function (bench.loop's direct calls)
         results = []
         for kwargs in calls:
@@ -402,7 +453,11 @@ def _bounded(task, calls: list[dict], limit: int, done: Callable[[int], None]) -
     def fill() -> None:
         while len(pending) < limit and (item := next(queue, None)) is not None:
             index, kwargs = item
-            pending[task.submit(**kwargs)] = index
+            if runner:  # Dask rebuilds a `quote` as a plain tuple on its way: send the value
+                plain = {k: v.unwrap() if isinstance(v, quote) else v for k, v in kwargs.items()}
+                pending[runner.submit(task, parameters=plain)] = index
+            else:
+                pending[task.submit(**kwargs)] = index
 
     fill()
     finished = 0
@@ -412,7 +467,8 @@ def _bounded(task, calls: list[dict], limit: int, done: Callable[[int], None]) -
         results[index] = future.result(raise_on_failure=False)
         finished += 1
         done(finished)
-        fill()
+        if not isinstance(results[index], DiskFullError):
+            fill()
     return results
 
 

@@ -3,7 +3,8 @@
     ingest what the cells uploaded (all cells, once) → validate
       → per cell: plan (its production model, the bundle its channel names)
                   → fine-tune on the cell's batches → upload the candidate → request trials
-      → await the trials of every cell at once (subflow `await-trials`)
+      → await the trials of every cell at once (subflow `await-trials`; a run of the
+        work-pool deployment first suspends until ingest sees them in, flows/waiting.py)
       → per cell: gate on the request's complete attempt → promote (channel path and alias)
 
 The loop never runs a cell: it reaches cells only through the edge channel (candidates and
@@ -24,8 +25,9 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger, task, unmapped
 from prefect.cache_policies import NO_CACHE
+from prefect.runtime import flow_run
 
-from flows import artifacts, cycle
+from flows import artifacts, cycle, loop_lock, waiting
 from flows.console import progress_bar
 from flows.ingest import ingest_flow
 from pipelines.contract.params import Params, load_params
@@ -179,22 +181,44 @@ def loop_flow(
     cell: str | None = None,
     source: str | None = None,
     progress: bool = False,
+    suspend_for_trials: bool = False,
 ) -> dict:
     """One cycle for `cell`, or for every cell of fleet.cells; returns the cycle summary.
     `source` is what ingest reads (default: the landing folder); `progress` draws bars on
-    stderr (the command line's, not under --json)."""
+    stderr (the command line's, not under --json). `suspend_for_trials` (the work-pool
+    deployment's): a run from a deployment suspends while trials run (flows/waiting.py)
+    instead of polling in-process."""
     root, params = Path(workspace).resolve(), load_params(params_path)
-    fleet = _Fleet(cycle.fleet_cells(params, cell))
-    number = _cycles_done(root)  # this cycle's: its MLflow runs and its summary say it
-    ingested = ingest_flow(params_path, str(root), source=source, progress=progress)
-    fleet.lap("ingest")
-    validation = validate(params, root, _all_batches(root, params))
-    fleet.lap("validate")
-    _start_cells(
-        fleet, params, root, ingested["dataset_version"], validation["passed_batches"], number
-    )
+    # One loop per cell at a time: a second one refuses here, before it ingests anything.
+    cells = cycle.fleet_cells(params, cell)
+    with loop_lock.cells_locked(root, cells, flow_run.get_id(), params):
+        return _cycle(root, params, params_path, cell, source, progress, suspend_for_trials)
+
+
+def _cycle(root, params, params_path, cell, source, progress, suspend_for_trials) -> dict:
+    saved = waiting.load(root, flow_run.get_id())  # this run, resumed after suspending
+    if saved:
+        fleet, number, ingested, validation = _Fleet.restore(saved["cycle"])
+    else:
+        fleet = _Fleet(cycle.fleet_cells(params, cell))
+        number = _cycles_done(root)  # this cycle's: its MLflow runs and its summary say it
+        ingested = ingest_flow(params_path, str(root), source=source, progress=progress)
+        fleet.lap("ingest")
+        validation = validate(params, root, _all_batches(root, params))
+        fleet.lap("validate")
+        _start_cells(
+            fleet, params, root, ingested["dataset_version"], validation["passed_batches"], number
+        )
     requests = {c: fleet.steps[c]["request"] for c in fleet.going()}
-    waited = await_trials(params_path, str(root), requests, source, progress) if requests else {}
+    if requests and suspend_for_trials and waiting.can_suspend():
+        _suspend_for_trials(params, root, requests, (fleet, number, ingested, validation))
+    waited = (
+        await_trials(params_path, str(root), requests, source, progress, poll_now=bool(saved))
+        if requests
+        else {}
+    )
+    if saved:
+        waiting.discard(root, saved["flow_run_id"])
     for cell_id, outcome in waited.get("outcomes", {}).items():
         fleet.steps[cell_id]["waited"] = outcome
     fleet.lap("await trials")
@@ -323,8 +347,10 @@ def await_trials(
     requests: dict[str, dict],
     source: str | None = None,
     progress: bool = False,
+    poll_now: bool = False,
 ) -> dict:
     """Wait until every request is complete or past its deadline; withdraw those past it.
+    `poll_now`: the first poll at once (a resumed run, whose trials are in).
 
     Every `trials.poll_s`: ingest what landed (all cells, one run), then check each open
     request against the episodes table. No task runs between polls, so the wait holds no
@@ -332,7 +358,7 @@ def await_trials(
     withdrawn from the channel and its cell's cycle ends "trials incomplete"."""
     root, params = Path(workspace), load_params(params_path)
     pending, outcomes, ingests, rows = dict(requests), {}, [], []
-    next_poll = time.monotonic() + params.trials.poll_s
+    next_poll = time.monotonic() + (0 if poll_now else params.trials.poll_s)
     with progress_bar(progress) as update:
         while pending:
             _sleep_until(next_poll, pending)
@@ -355,6 +381,32 @@ def await_trials(
                 del pending[cell_id]
     artifacts.trials_wait(rows)
     return {"outcomes": outcomes, "ingests": ingests}
+
+
+def _suspend_for_trials(
+    params: Params, root: Path, requests: dict[str, dict], state: tuple
+) -> None:
+    """From a deployment against a server: unless every request is settled already, save
+    the cycle and suspend until ingest's realloop.trials.ready resumes this run
+    (flows/waiting.py); the resumed run comes back here and then polls once."""
+    if waiting.settled(params, root, requests):
+        return
+    waiting.drop_stale(root, params)
+    fleet, number, ingested, validation = state
+    run_id = str(flow_run.get_id())
+    cycle_so_far = waiting.jsonable(
+        {
+            "fleet": fleet.snapshot(),
+            "number": number,
+            "ingested": ingested,
+            "validation": validation,
+        }
+    )
+    record = waiting.save(root, run_id, requests, cycle_so_far)
+    get_run_logger().info(
+        "suspending until the trials of %s are in (ingest resumes this run)", ", ".join(requests)
+    )
+    waiting.suspend(root, record, params)
 
 
 def _poll_ingest(params_path: str, workspace: str, source: str | None) -> list[dict]:
@@ -442,6 +494,33 @@ class _Fleet:
             else:
                 error = state.result(raise_on_failure=False)
                 self.errors[cell_id] = f"{step}: {str(error).splitlines()[0] if error else state}"
+
+    def snapshot(self) -> dict:
+        """What restore needs, in JSON: the monotonic marks as seconds elapsed."""
+        now = time.monotonic()
+        return {
+            "cells": self.cells,
+            "steps": self.steps,
+            "errors": self.errors,
+            "timings": self.timings,
+            "started": self.started.isoformat(),
+            "since_start_s": now - self._start,
+            "since_mark_s": now - self._mark,
+            "saved_at": datetime.now(UTC).isoformat(),
+        }
+
+    @classmethod
+    def restore(cls, saved: dict) -> tuple[_Fleet, int, dict, dict]:
+        """A suspended cycle's fleet, number, ingest and validation; the time it spent
+        suspended counts in its stage (the wait for trials) and in its total."""
+        snap = saved["fleet"]
+        away = (datetime.now(UTC) - datetime.fromisoformat(snap["saved_at"])).total_seconds()
+        fleet = cls(list(snap["cells"]), errors=dict(snap["errors"]), timings=dict(snap["timings"]))
+        fleet.steps = snap["steps"]
+        fleet.started = datetime.fromisoformat(snap["started"])
+        fleet._start = time.monotonic() - snap["since_start_s"] - away
+        fleet._mark = time.monotonic() - snap["since_mark_s"] - away
+        return fleet, saved["number"], saved["ingested"], saved["validation"]
 
     def lap(self, stage: str) -> None:
         now = time.monotonic()

@@ -6,8 +6,10 @@ reads its settings from the environment once and the ephemeral API server, a sub
 inherits them.
 
 Which API
-    - PREFECT_API_URL set (and not empty): that server is used as is. Only the client-side
-      settings below apply; PREFECT_HOME and the user's profiles stay untouched.
+    - PREFECT_API_URL set (and not empty; exported, or from <workspace>/.realloop/services.env,
+      which `realloop services up` writes and this loads first): that server is used as is.
+      Only the client-side settings below apply; PREFECT_HOME and the user's profiles stay
+      untouched.
     - Otherwise an ephemeral local API, with its state in the workspace:
       PREFECT_HOME=<workspace>/.prefect, so the SQLite database is <workspace>/.prefect/prefect.db
       and runs are still there after the process exits (`prefect server start` with the same
@@ -85,6 +87,8 @@ import os
 import sys
 from pathlib import Path
 
+from flows.services import load_services_env
+
 API_URL = "PREFECT_API_URL"
 
 CLIENT_SETTINGS: dict[str, str] = {
@@ -114,6 +118,7 @@ def api_url() -> str | None:
 
 def configure_prefect(workspace: Path) -> None:
     """Point Prefect at PREFECT_API_URL, or at an ephemeral API kept in <workspace>/.prefect."""
+    load_services_env(workspace)  # `realloop services up` in this workspace: its servers
     for name, value in CLIENT_SETTINGS.items():
         os.environ.setdefault(name, value)
     if api_url() is None:

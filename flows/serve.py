@@ -46,10 +46,14 @@ def schedules(params: Params) -> dict[str, str]:
 
 
 def build_deployments(
-    params_path: Path, ingest_source: str | None = None
+    params_path: Path,
+    ingest_source: str | None = None,
+    extra: dict[str, dict] | None = None,
 ) -> list[RunnerDeployment]:
     """The two deployments, scheduled as params.yaml says; nothing is registered yet.
-    `ingest_source` (a folder or an s3:// prefix) replaces the landing folder for ingest."""
+    `ingest_source` (a folder or an s3:// prefix) replaces the landing folder for ingest;
+    `extra` adds to_deployment arguments by deployment name (`realloop deploy-flows`: the
+    work pool's job variables, triggers; its "parameters" are added to the common ones)."""
     from prefect.deployments.runner import EntrypointType
     from prefect.schedules import Cron, Interval
 
@@ -62,19 +66,25 @@ def build_deployments(
     # By module path, so a run finds the flow from any workspace the package is installed for.
     common = {"parameters": parameters, "entrypoint_type": EntrypointType.MODULE_PATH}
     ingest_parameters = {**parameters, **({"source": ingest_source} if ingest_source else {})}
+    extra = extra or {}
+
+    def more(name: str, parameters: dict) -> dict:
+        added = dict(extra.get(name, {}))
+        return added | {"parameters": parameters | added.pop("parameters", {})}
+
     return [
         ingest_flow.to_deployment(
             INGEST_DEPLOYMENT,
             schedule=Interval(timedelta(seconds=params.ingest.schedule_interval_s)),
             description=f"Ingest what landed: {ingest_source or 'landing folder'} → dataset.",
-            parameters=ingest_parameters,
             entrypoint_type=EntrypointType.MODULE_PATH,
+            **more(INGEST_DEPLOYMENT, ingest_parameters),
         ),
         loop_flow.to_deployment(
             LOOP_DEPLOYMENT,
             schedule=Cron(params.serve.loop_cron, timezone=params.serve.timezone),
             description="One cycle of the continual-retraining loop.",
-            **common,
+            **common | more(LOOP_DEPLOYMENT, parameters),
         ),
     ]
 

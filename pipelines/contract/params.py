@@ -106,6 +106,12 @@ class DecodeLimitParams:
     max_chunks_per_file: int
 
 
+# `local`, `local:N` (N worker processes), or a Dask scheduler's address (tcp://host:8786).
+DaskCluster = Annotated[
+    str, StringConstraints(pattern=r"^(local(:[1-9][0-9]{0,3})?|[a-z]+://\S+|[^\s:/]+:[0-9]+)$")
+]
+
+
 @dataclass(frozen=True, config=_STRICT)
 class IngestParams:
     landing: str
@@ -120,6 +126,9 @@ class IngestParams:
     stale_after_s: float  # a log without its footer unchanged this long is truncated, not open
     joint_limit_margin_m: float  # readings beyond cell.safety.joint_limit_m + this: quarantined
     decode_limits: DecodeLimitParams  # what one MCAP file may ask of the decoder
+    # Where the per-file tasks run (flows/ingest_runner.py): None, the flow's thread pool;
+    # "local" or "local:N", a Dask LocalCluster; else a Dask scheduler's address.
+    cluster: DaskCluster | None = None
 
 
 @dataclass(frozen=True, config=_STRICT)

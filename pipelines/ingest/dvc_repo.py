@@ -175,20 +175,53 @@ def _push(repo, workspace: Path, version: str, previous: str | None) -> None:
         files -= {entry["md5"] for entry in _dir_listing(workspace, previous)}
     cache = repo.cache.local
     failed = 0
-    if files:
-        objects = [HashInfo("md5", f) for f in sorted(files)]
-        failed = len(repo.cloud.transfer(cache, remote, objects, cache_odb=cache).failed)
+    with _transfer_errors() as errors:
+        if files:
+            objects = [HashInfo("md5", f) for f in sorted(files)]
+            failed = len(repo.cloud.transfer(cache, remote, objects, cache_odb=cache).failed)
     if not failed:
         listing = f"{version}.dir"
         try:
             remote.add(cache.oid_to_path(listing), cache.fs, listing)
-        except Exception:  # the remote's own errors (a dropped connection, a 5xx, ...)
+        except Exception as exc:  # the remote's own errors (a dropped connection, a 5xx, ...)
+            errors.append(exc)
             failed = 1
     if failed or not remote.exists(f"{version}.dir"):
         raise VersioningError(
             f"dvc push: dataset version {version} did not fully reach the remote "
             f"({failed} object(s) failed); the next ingest retries"
-        )
+        ) from (errors[0] if errors else None)  # the cause says whether the disk was full
+
+
+@contextmanager
+def _transfer_errors() -> Iterator[list[BaseException]]:
+    """The exceptions DVC's transfer logs for objects that failed (it counts them and goes
+    on), kept here instead of printed: one traceback per object is not what a user reads."""
+    errors: list[BaseException] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.exc_info and record.exc_info[1] is not None:
+                errors.append(record.exc_info[1])
+
+    transfer_logger = logging.getLogger("dvc_data.hashfile.transfer")
+    handler, propagate = Keep(), transfer_logger.propagate
+    transfer_logger.addHandler(handler)
+    transfer_logger.propagate = False
+    try:
+        yield errors
+    finally:
+        transfer_logger.removeHandler(handler)
+        transfer_logger.propagate = propagate
+
+
+def _remote_url(repo) -> str:
+    """The default remote's URL as configured (a folder or s3://...), for messages."""
+    try:
+        name = repo.config["core"]["remote"]
+        return str(repo.config["remote"][name]["url"])
+    except (KeyError, TypeError):
+        return "the DVC remote"
 
 
 @contextmanager

@@ -43,6 +43,7 @@ from pipelines.ingest.captures import (
 )
 from pipelines.ingest.decoded import QuarantineError
 from pipelines.ingest.digests import episode_digests
+from pipelines.ingest.disk import on_disk_full, replace_across
 from pipelines.ingest.exports import build_export_tables, read_export
 from pipelines.ingest.in_place import requeue_completed, still_being_written
 from pipelines.ingest.landing_layout import JSONL_SUFFIX, LOG_SUFFIX, PARQUET_SUFFIX, landing_files
@@ -62,6 +63,7 @@ from pipelines.ingest.store import _fsync_dirs, _stage, _Store, sha256_file
 from pipelines.ingest.tables import Provenance, check_values
 
 ALREADY_INGESTED = "already ingested (same sha256)"
+STAGING = "staging the decoded Parquet"
 
 
 # --- one landed file → the dataset ------------------------------------------------------
@@ -95,7 +97,8 @@ def ingest_file(
     """
     path, landing, quarantine = Path(path), Path(landing), Path(quarantine)
     store = _Store(dataset)
-    store.prepare()
+    with on_disk_full(STAGING, store.tmp):
+        store.prepare()
     escape = _escape_reason(path, landing)
     if escape:
         # Move only an entry that is itself in the landing folder (a symlink), never what it
@@ -241,10 +244,16 @@ def _publish(
 
 def _stage_both(store: _Store, episodes: pa.Table, steps: pa.Table) -> list[Path]:
     """[staged steps, staged episodes] in the hidden temp folder."""
-    return [
-        _stage(store, steps, schema.STEPS_SCHEMA),
-        _stage(store, episodes, schema.EPISODES_SCHEMA),
-    ]
+    staged: list[Path] = []
+    try:
+        with on_disk_full(STAGING, store.tmp):
+            staged.append(_stage(store, steps, schema.STEPS_SCHEMA))
+            staged.append(_stage(store, episodes, schema.EPISODES_SCHEMA))
+    except BaseException:
+        for tmp in staged:
+            tmp.unlink(missing_ok=True)
+        raise
+    return staged
 
 
 def _held_elsewhere(
@@ -291,15 +300,19 @@ def _move_into_place(
     attachment_files: dict[str, list[Path]],
     digests: dict[str, str],
 ) -> None:
-    """Publish (hold the lock): attachments, then steps, then episodes; then the index."""
-    for paths in attachment_files.values():
-        for attachment in paths:
-            store_attachment(attachment, store.attachments, store.tmp)
-    # steps first, episodes last: an episodes file means its source is complete
-    os.replace(staged[0], store.steps / f"{sha}.parquet")
-    os.replace(staged[1], store.episodes / f"{sha}.parquet")
-    _fsync_dirs(store.attachments, store.steps, store.episodes)
-    store.add_to_index(sha, digests)
+    """Publish (hold the lock): attachments, then steps, then episodes; then the index.
+    The temp folder may be on another disk than the dataset (a dataset folder mounted on its
+    own): then each file is copied in under a temporary name and renamed."""
+    with on_disk_full("publishing into the dataset", store.dataset):
+        for paths in attachment_files.values():
+            for attachment in paths:
+                store_attachment(attachment, store.attachments, store.tmp)
+        # steps first, episodes last: an episodes file means its source is complete
+        replace_across(staged[0], store.steps / f"{sha}.parquet")
+        replace_across(staged[1], store.episodes / f"{sha}.parquet")
+        _fsync_dirs(store.attachments, store.steps, store.episodes)
+    with on_disk_full("recording the episode index", store.index):
+        store.add_to_index(sha, digests)
 
 
 def _decode(

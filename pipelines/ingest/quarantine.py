@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
+from pipelines.ingest.disk import on_disk_full
 from pipelines.ingest.store import _fsync_dirs, _write_atomically, sha256_file
 
 REASON_SUFFIX = ".reason.txt"
@@ -34,6 +35,19 @@ def quarantine_file(
     file (for a path that must not be touched). A symlink is moved as the link, never
     followed. Raises FileNotFoundError (and leaves no reason file) when `path` is gone.
     """
+    with on_disk_full("quarantining", quarantine):
+        return _quarantine(path, reason, quarantine, run_id, sha256, source, move)
+
+
+def _quarantine(
+    path: Path,
+    reason: str,
+    quarantine: Path,
+    run_id: str,
+    sha256: str | None,
+    source: str | None,
+    move: bool,
+) -> dict:
     quarantine.mkdir(parents=True, exist_ok=True)
     path = Path(path)
     # Read only a regular file (never through a symlink, never a pipe that would block).
@@ -60,7 +74,7 @@ def quarantine_file(
                 if not os.path.lexists(path):
                     reason_path.unlink(missing_ok=True)
                     raise FileNotFoundError(f"{path}: gone before it could be quarantined") from exc
-                shutil.move(path, dest)  # another filesystem
+                _move_across(path, dest, reason_path)  # another filesystem
             _fsync_dirs(quarantine)
     return {
         "source": source,
@@ -69,6 +83,18 @@ def quarantine_file(
         "reason": reason,
         "moved_to": str(dest) if move else None,
     }
+
+
+def _move_across(path: Path, dest: Path, reason_path: Path) -> None:
+    """Move a file to another filesystem. A copy cut short (the disk filled up) is removed
+    with its reason file: the file stays in landing, whole, for the next run."""
+    try:
+        shutil.move(path, dest)
+    except OSError:
+        if os.path.lexists(path):
+            Path(dest).unlink(missing_ok=True)
+            reason_path.unlink(missing_ok=True)
+        raise
 
 
 def release_from_quarantine(path: Path, landing: Path) -> Path:

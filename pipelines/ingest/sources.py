@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import unquote, urlparse
 
+from pipelines.ingest.disk import on_disk_full
 from pipelines.ingest.landing_layout import landing_files
 from pipelines.ingest.s3_endpoint import s3_endpoint_url
 
@@ -209,11 +210,12 @@ class S3Prefix:
     def fetch(self, file: SourceFile) -> Path:
         """Download `file` to its staged path (atomically, size-checked); return that path."""
         dest = self.staged_path(file)
-        dest.parent.mkdir(parents=True, exist_ok=True)
+        with on_disk_full("downloading from S3", self.root):
+            dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_name(f"{_TMP_PREFIX}{dest.name}.{uuid.uuid4().hex[:8]}")
         key = file.uri.removeprefix(f"s3://{self.bucket}/")
         try:
-            with self._translated(file.uri):
+            with on_disk_full("downloading from S3", self.root), self._translated(file.uri):
                 response = self._client.get_object(Bucket=self.bucket, Key=key)
                 expected = int(response["ContentLength"])
                 with tmp.open("wb") as out:

@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 
 from pipelines.contract import schema
 from pipelines.ingest.digests import episode_digests
+from pipelines.ingest.disk import on_disk_full, replace_across
 from pipelines.ingest.report import FileResult
 from pipelines.ingest.tables import conform
 
@@ -112,7 +113,8 @@ class _Store:
         }
         if result.unknown_topics:
             row["unknown_topics"] = result.unknown_topics
-        _append_line(self.manifest, row)
+        with on_disk_full("recording the manifest", self.manifest):
+            _append_line(self.manifest, row)
         return result
 
     def episode_index(self) -> dict[str, tuple[str, str]]:
@@ -203,9 +205,13 @@ def _append_line(path: Path, row: dict) -> None:
         if size and os.pread(fd, 1, size - 1) != b"\n":
             data = b"\n" + data
         view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
+        try:
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        except OSError:
+            os.ftruncate(fd, size)  # a disk that filled up mid-line: no half line left
+            raise
     finally:
         os.close(fd)
 
@@ -335,7 +341,7 @@ def _write_atomically(path: Path, write, check=None, tmp_dir: Path | None = None
             os.fsync(stream.fileno())
         if check:
             check(tmp)
-        os.replace(tmp, path)
+        replace_across(tmp, path)  # the temp folder may be on another disk than the dataset
     finally:
         tmp.unlink(missing_ok=True)
 

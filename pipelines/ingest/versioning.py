@@ -40,6 +40,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
+from pipelines.ingest.disk import on_disk_full
 from pipelines.ingest.dvc_repo import (
     _EMPTY_DIR_MD5,
     _cache_object,
@@ -50,6 +51,7 @@ from pipelines.ingest.dvc_repo import (
     _dvc_repo,
     _is_episodes_file,
     _push,
+    _remote_url,
     _source_shas,
     _tracked_out,
 )
@@ -133,7 +135,8 @@ def version_dataset(workspace: Path, dataset: Path, push: bool = True) -> Datase
     relative = _relative(workspace, dataset)
     dvc_file = _dvc_file(relative)
     with _locked(workspace), _dvc_repo(workspace) as repo:
-        _dvc_add(repo, workspace, relative)
+        with on_disk_full("writing the dataset version", workspace / ".dvc" / "cache"):
+            _dvc_add(repo, workspace, relative)
         out = _tracked_out(workspace, relative)
         version = out["md5"].removesuffix(".dir")
         committed = _committed_version(workspace, dvc_file)
@@ -148,14 +151,18 @@ def version_dataset(workspace: Path, dataset: Path, push: bool = True) -> Datase
                 created_at=datetime.now(UTC).isoformat(timespec="microseconds"),
                 sources_added=added,
             )
-            record = replace(record, commit=_commit(workspace, dvc_file, _message(record)))
+            with on_disk_full("committing the dataset version", workspace / ".git"):
+                record = replace(record, commit=_commit(workspace, dvc_file, _message(record)))
         else:
             record = _version_at_head(workspace, dvc_file, version, relative, out)
         if record.commit and not record.tag:
-            record = replace(record, tag=_tag(workspace, record))
+            with on_disk_full("tagging the dataset version", workspace / ".git"):
+                record = replace(record, tag=_tag(workspace, record))
         if push:
-            _push(repo, workspace, version, committed)
-        _append_ledger(workspace, record)
+            with on_disk_full("pushing to the DVC remote", _remote_url(repo)):
+                _push(repo, workspace, version, committed)
+        with on_disk_full("recording the report", workspace / LEDGER):
+            _append_ledger(workspace, record)
     return replace(record, new=new)
 
 
