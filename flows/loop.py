@@ -26,11 +26,13 @@ from pathlib import Path
 from prefect import flow, get_run_logger, task, unmapped
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
+from prefect.states import Failed
 
 from flows import artifacts, cycle, loop_lock, waiting
 from flows.console import progress_bar
 from flows.ingest import ingest_flow
 from pipelines.contract.params import Params, load_params
+from pipelines.ingest.disk import DiskFullError
 from pipelines.release import trials
 
 CYCLES = Path(".realloop/cycles.jsonl")  # one summary per finished cycle, in the workspace
@@ -192,7 +194,12 @@ def loop_flow(
     # One loop per cell at a time: a second one refuses here, before it ingests anything.
     cells = cycle.fleet_cells(params, cell)
     with loop_lock.cells_locked(root, cells, flow_run.get_id(), params):
-        return _cycle(root, params, params_path, cell, source, progress, suspend_for_trials)
+        try:
+            return _cycle(root, params, params_path, cell, source, progress, suspend_for_trials)
+        except DiskFullError as exc:
+            # A Failed state, not a raise, as the ingest flow does: Prefect would log a raised
+            # error's traceback. The caller still gets the error, for its one line.
+            return Failed(message=str(exc), data=exc)
 
 
 def _cycle(root, params, params_path, cell, source, progress, suspend_for_trials) -> dict:

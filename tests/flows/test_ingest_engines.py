@@ -50,12 +50,12 @@ def workspace(tmp_path: Path, name: str, landing: Path, **ingest) -> Path:
     return root
 
 
-def run_ingest(root: Path) -> subprocess.CompletedProcess:
+def run_ingest(root: Path, command: str = "ingest") -> subprocess.CompletedProcess:
     empty = root.parent / "empty-gitconfig"
     empty.write_text("")
     env = without_prefect_settings() | {"GIT_CONFIG_GLOBAL": str(empty)}
     return subprocess.run(
-        [sys.executable, "-m", "flows.cli", "ingest", "--json"],
+        [sys.executable, "-m", "flows.cli", command, "--json"],
         cwd=root,
         env=env,
         capture_output=True,
@@ -109,6 +109,10 @@ def test_a_full_disk_fails_ingest_in_one_line_and_the_next_run_completes(
     after = {p.name: sha256_file(p) for p in (root / "landing").rglob("*") if p.is_file()}
     assert after == before  # every landed file still there, unchanged
     assert not (root / "data" / "dataset.dvc").exists()  # no version, not even a partial one
+    looped = run_ingest(root, "loop")  # the loop's own ingest says it the same way
+    assert looped.returncode == 1 and looped.stderr.splitlines() == done.stderr.splitlines(), (
+        looped.stderr[-3000:]
+    )
 
     disk.free()
     again = run_ingest(root)
