@@ -38,7 +38,7 @@ test-services: setup
 	$(BIN)/pytest -q -m services
 
 # The fault suite (tests/faults): workers killed, PostgreSQL restarted, MLflow and S3 down,
-# two loops at once, each against its own production profile on loopback; needs postgresql.
+# two loops at once, against one production profile on loopback; needs postgresql.
 test-faults: setup
 	$(BIN)/pytest -q -m faults tests/faults
 

@@ -53,17 +53,18 @@ def loop(
     params = load_params(params_path)
     cells = fleet_cells(params, cell)  # a bad cell id fails here, in one line
     from flows.loop import loop_flow
-    from flows.loop_lock import check_free
+    from flows.loop_lock import cells_locked
 
-    check_free(workspace, cells, params)  # another loop on a cell: one line, no failed run
-
-    summary = loop_flow(
-        params_path=str(params_path),
-        workspace=str(workspace),
-        cell=cell,
-        source=source,
-        progress=not as_json,
-    )
+    # Taken here, held by the flow (same thread): a loop already running for one of the
+    # cells is refused in one line, before Prefect starts a run that would fail.
+    with cells_locked(workspace, cells, None, params):
+        summary = loop_flow(
+            params_path=str(params_path),
+            workspace=str(workspace),
+            cell=cell,
+            source=source,
+            progress=not as_json,
+        )
     emit(summary, as_json, lambda s: print_cycle(s, stdout.print))
     failed = [c for c in summary["cells"] if c["outcome"] == FAILED]
     if failed:

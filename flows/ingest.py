@@ -54,6 +54,7 @@ from pipelines.ingest import (
     safe_parts,
 )
 from pipelines.ingest.disk import DiskFullError, on_disk_full
+from pipelines.ingest.store import record_unrecorded
 
 SEEN = Path(".realloop/landed.jsonl")  # in the workspace
 DEFAULT_WORKERS = 4
@@ -190,6 +191,8 @@ def _ingest(params_path: str, workspace: str, source: str | None, progress: bool
         workers=_workers(params),
     )
     origin = open_source(source, root / params.ingest.landing, root, exclude=run.exclude)
+    # A run killed between publishing a file and its manifest line left the line out.
+    record_unrecorded(dataset, run.run_id)
     cluster = params.ingest.cluster
     with per_file_runner(cluster, run.workers) as run.runner, progress_bar(progress) as update:
         run.update = update

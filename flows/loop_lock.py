@@ -17,7 +17,7 @@ import contextlib
 import fcntl
 import json
 import os
-import time
+import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,39 +26,37 @@ from flows import waiting
 from flows.console import CommandError
 
 LOCKS_DIR = Path(".realloop/locks")  # in the workspace
-# A loop holds its lock for minutes; `check_free` (the command line's early look) for
-# microseconds: waiting this long for a lock tells the two apart, so two loops started at
-# once never both refuse because each one's look met the other's.
-PATIENCE_S = 2.0
+# The locks this process holds, by (lock file, thread): `realloop loop` takes them before it
+# starts the flow, and the flow, run in the same thread, finds them held rather than refusing
+# itself. A flow run started by a worker takes them itself.
+_HELD: dict[tuple[str, int], int] = {}
 
 
 @contextlib.contextmanager
 def cells_locked(root: Path, cells: list[str], run_id: str | None, params) -> Iterator[None]:
     """Hold every cell's loop lock (sorted order: two fleets never deadlock) or refuse."""
-    held: list[int] = []
+    taken: list[tuple[str, int]] = []
     try:
         for cell_id in sorted(set(cells)):
-            held.append(_acquire(root, cell_id, run_id))
+            path = root / LOCKS_DIR / f"loop-{cell_id}.lock"
+            key = (str(path), threading.get_ident())
+            if key in _HELD:
+                _note_holder(_HELD[key], run_id)
+                continue
+            _HELD[key] = _acquire(path, cell_id, run_id)
+            taken.append(key)
         _refuse_if_suspended(root, cells, run_id, params)
         yield
     finally:
-        for fd in held:
-            os.close(fd)  # closing releases the flock
+        for key in taken:
+            os.close(_HELD.pop(key))  # closing releases the flock
 
 
-def check_free(root: Path, cells: list[str], params) -> None:
-    """Refuse early (before Prefect starts a run) when another loop holds one of the cells;
-    the flow's own lock is what guarantees it, this only spares a failed run."""
-    with cells_locked(root, cells, None, params):
-        pass
-
-
-def _acquire(root: Path, cell_id: str, run_id: str | None) -> int:
-    path = root / LOCKS_DIR / f"loop-{cell_id}.lock"
+def _acquire(path: Path, cell_id: str, run_id: str | None) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        _flock_within(fd, PATIENCE_S)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         holder = _holder(fd)
         os.close(fd)
@@ -69,23 +67,16 @@ def _acquire(root: Path, cell_id: str, run_id: str | None) -> int:
     except BaseException:
         os.close(fd)
         raise
-    # Who holds it, for the refusal message of the next one (the lock is the flock, not this).
-    os.ftruncate(fd, 0)
-    since = datetime.now(UTC).isoformat(timespec="seconds")
-    os.pwrite(fd, json.dumps({"pid": os.getpid(), "flow_run": run_id, "since": since}).encode(), 0)
+    _note_holder(fd, run_id)
     return fd
 
 
-def _flock_within(fd: int, patience_s: float) -> None:
-    deadline = time.monotonic() + patience_s
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                raise
-            time.sleep(0.05)
+def _note_holder(fd: int, run_id: str | None) -> None:
+    """Who holds it, for the refusal message of the next one (the lock is the flock)."""
+    since = datetime.now(UTC).isoformat(timespec="seconds")
+    record = {"pid": os.getpid(), "flow_run": None if run_id is None else str(run_id)}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(record | {"since": since}).encode(), 0)
 
 
 def _holder(fd: int) -> str:

@@ -59,7 +59,7 @@ from pipelines.ingest.report import (
     IngestReport,
 )
 from pipelines.ingest.shift_log import read_log
-from pipelines.ingest.store import _fsync_dirs, _stage, _Store, sha256_file
+from pipelines.ingest.store import _fsync_dirs, _stage, _Store, record_unrecorded, sha256_file
 from pipelines.ingest.tables import Provenance, check_values
 
 ALREADY_INGESTED = "already ingested (same sha256)"
@@ -399,6 +399,7 @@ def ingest_landing(
     store = _Store(dataset)
     store.prepare()
     store.remove_stale_temporaries()
+    record_unrecorded(dataset, run_id)  # what a killed run published but did not record
     ingested_at = ingested_at or datetime.now(UTC)
     report = IngestReport(run_id)
     requeue_completed(quarantine, landing, params)

@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 from pipelines.contract import schema
 from pipelines.ingest.digests import episode_digests
 from pipelines.ingest.disk import on_disk_full, replace_across
-from pipelines.ingest.report import FileResult
+from pipelines.ingest.report import INGESTED, FileResult
 from pipelines.ingest.tables import conform
 
 EPISODES_DIR, STEPS_DIR, ATTACHMENTS_DIR = "episodes", "steps", "attachments"
@@ -223,6 +223,28 @@ def record_in_manifest(dataset: Path, result: FileResult, run_id: str) -> FileRe
     store.parent.mkdir(parents=True, exist_ok=True)
     with store.locked():
         return store.record(result, run_id)
+
+
+def record_unrecorded(dataset: Path, run_id: str) -> list[str]:
+    """The "ingested" manifest line of each source in the dataset that has none: its run was
+    killed between moving the source's tables into the dataset and writing its line (the data
+    is whole; found by tests/faults/test_worker_killed.py). Once per run, before any file;
+    returns their sha256s."""
+    store = _Store(dataset)
+    if not store.episodes.is_dir():
+        return []
+    with store.locked():
+        recorded = {r.get("sha256") for r in read_manifest(dataset) if r.get("result") == INGESTED}
+        missing = sorted(p.stem for p in store.episodes.glob("*.parquet") if p.stem not in recorded)
+        for sha in missing:
+            episodes = read_table(store.episodes / f"{sha}.parquet", schema.EPISODES_SCHEMA)
+            steps = store.steps / f"{sha}.parquet"
+            source = episodes.column("source_uri")[0].as_py() if episodes.num_rows else sha
+            reason = "published by a run that stopped before recording it; recorded by the next"
+            counts = (episodes.num_rows, pq.read_metadata(steps).num_rows if steps.is_file() else 0)
+            result = FileResult(source, sha, 0, INGESTED, reason, *counts, None)
+            store.record(result, run_id)
+    return missing
 
 
 # --- content hashes -----------------------------------------------------------------------

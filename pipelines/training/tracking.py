@@ -372,6 +372,9 @@ def quiet_mlflow() -> None:
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     # tqdm bars on every artifact download, even for two small files into a pipe.
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    # Against a tracking server, ending a run writes "View run ... at: <url>" to stdout, which
+    # broke `realloop loop --json` (found by tests/faults); the flow's artifacts link the runs.
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     # mlflow's SQL store builds its mappers with a loader SQLAlchemy 2 deprecates; not ours to fix.
     warnings.filterwarnings(
         "ignore",

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from flows import events, waiting
-from flows.deployments import loop_triggers, resume_automation
+from flows.deployments import RESUME_AUTOMATION, loop_triggers, resume_automation
 from flows.serve import INGEST_DEPLOYMENT, LOOP_DEPLOYMENT, build_deployments
 
 
@@ -318,7 +318,7 @@ def deploy(workspace: Path, env: dict[str, str]) -> dict:
     assert loop["concurrency"] == {"limit": 1, "collision_strategy": "ENQUEUE"}
     (ingest,) = [d for d in described["deployments"] if d["name"] == "ingest/ingest"]
     assert ingest["concurrency"] == {"limit": 1, "collision_strategy": "CANCEL_NEW"}
-    (resume,) = described["automations"]
+    (resume,) = [a for a in described["automations"] if a["name"] == RESUME_AUTOMATION]
     assert resume["expect"] == [events.TRIALS_READY] and resume["actions"] == ["resume-flow-run"]
     return loop
 

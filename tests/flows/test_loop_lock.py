@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -16,6 +17,12 @@ from flows import loop_lock, waiting
 from flows.console import CommandError
 from pipelines.ingest import versioning
 from tests.conftest import ROOT, realloop
+
+
+def free(workspace, cells, params) -> None:
+    """Take the cells' locks and let go: raises CommandError when another loop holds one."""
+    with loop_lock.cells_locked(workspace, cells, None, params):
+        pass
 
 
 @pytest.fixture
@@ -29,7 +36,7 @@ def workspace(tmp_path):
 def test_a_second_loop_for_a_held_cell_refuses_in_one_line_before_ingesting(workspace, params):
     with loop_lock.cells_locked(workspace, ["cell-07", "cell-08"], "run-a", params):
         done = realloop("loop", "--cell", "cell-07", cwd=workspace)
-        loop_lock.check_free(workspace, ["cell-09"], params)  # another cell is free
+        free(workspace, ["cell-09"], params)  # another cell is free
     assert done.returncode == 1
     (line,) = done.stderr.splitlines()
     assert line.startswith("realloop: cell-07: another loop is running for this cell")
@@ -54,11 +61,11 @@ def test_a_loop_that_dies_releases_its_cells(workspace, params):
     try:
         assert child.stdout.readline().strip() == "held"
         with pytest.raises(CommandError, match="flow run dying"):
-            loop_lock.check_free(workspace, ["cell-07"], params)
+            free(workspace, ["cell-07"], params)
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait()
-    loop_lock.check_free(workspace, ["cell-07"], params)  # no stale lock after a crash
+    free(workspace, ["cell-07"], params)  # no stale lock after a crash
 
 
 def test_a_loop_suspended_for_its_trials_holds_its_cell_but_not_against_itself(workspace, params):
@@ -66,9 +73,35 @@ def test_a_loop_suspended_for_its_trials_holds_its_cell_but_not_against_itself(w
     requests = {"cell-07": {"request_id": "r1", "deadline": deadline}}
     waiting.save(workspace, "run-suspended", requests, {})
     with pytest.raises(CommandError, match="run-suspended is suspended waiting"):
-        loop_lock.check_free(workspace, ["cell-07"], params)
+        free(workspace, ["cell-07"], params)
     with loop_lock.cells_locked(workspace, ["cell-07"], "run-suspended", params):
         pass  # the same run, resumed
-    loop_lock.check_free(workspace, ["cell-08"], params)
+    free(workspace, ["cell-08"], params)
     record = json.loads((workspace / ".realloop" / "locks" / "loop-cell-07.lock").read_text())
     assert record["flow_run"] == "run-suspended"
+
+
+def test_the_command_lines_lock_is_the_flows_in_its_thread_and_no_other(workspace, params):
+    """`realloop loop` takes the lock, then its flow (same thread) takes it again: no refusal
+    of itself, and the flow's run id is recorded. A loop in another thread is refused, also
+    after the flow ended while the command line still holds it."""
+    refused = []
+
+    def other_loop() -> None:
+        try:
+            free(workspace, ["cell-07"], params)
+        except CommandError as exc:
+            refused.append(str(exc))
+
+    with loop_lock.cells_locked(workspace, ["cell-07"], None, params):
+        with loop_lock.cells_locked(workspace, ["cell-07"], "run-flow", params):
+            _in_thread(other_loop)
+        _in_thread(other_loop)
+    assert len(refused) == 2 and "flow run run-flow" in refused[0], refused
+    free(workspace, ["cell-07"], params)
+
+
+def _in_thread(target) -> None:
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join()
