@@ -7,6 +7,8 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from flows import recovery
 from tests.flows.test_deployments import server_trigger
 
@@ -30,8 +32,17 @@ def flow_run_event(name: str, deployment: str = OURS, **labels: str):
     )  # fmt: skip
 
 
-def test_a_silent_run_of_our_deployments_is_crashed_after_missed_heartbeats(monkeypatch):
-    monkeypatch.setenv("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", "40")
+@pytest.fixture
+def heartbeat_40s():
+    """Through Prefect's settings context, not the environment: once another test has entered
+    a settings context, get_current_settings() no longer reads the environment."""
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: 40}):
+        yield
+
+
+def test_a_silent_run_of_our_deployments_is_crashed_after_missed_heartbeats(heartbeat_40s):
     crash, _ = recovery.recovery_automations([OURS])
     trigger = server_trigger(crash.trigger)
     assert trigger.posture == "Proactive" and trigger.within == timedelta(seconds=100)
@@ -44,8 +55,7 @@ def test_a_silent_run_of_our_deployments_is_crashed_after_missed_heartbeats(monk
     ]
 
 
-def test_only_a_run_crashed_for_want_of_heartbeats_is_rerun_and_at_most_twice(monkeypatch):
-    monkeypatch.setenv("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", "40")
+def test_only_a_run_crashed_for_want_of_heartbeats_is_rerun_and_at_most_twice(heartbeat_40s):
     crash, rerun = recovery.recovery_automations([OURS])
     trigger = server_trigger(rerun.trigger)
     ours = crash.actions[0].message
