@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.train_threads [--examples 14000] [--epochs 5] [--json]
 
-`pipelines.training.train.fit` trains on one thread (`on_one_thread`). This bench times the
+`train.threads` (params.yaml) sets fit's torch threads; `make demo` uses 1. This bench times the
 same fit on synthetic data (the policy's input and output sizes, a cycle's typical example
 count) with one thread and with torch's default (one per core), first on an idle machine, then
 with one busy process per core standing in for the reference cells that record beside the
@@ -26,9 +26,6 @@ import torch
 from pipelines.training.policy import OBS_SIZE, PolicyConfig, PolicyNet
 from pipelines.training.train import fit
 
-# The training loop without its one-thread wrapper, so the bench can choose the threads.
-fit_any_threads = fit.__wrapped__
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.train_threads", description=__doc__)
@@ -39,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     data = _examples(args.examples)
     default_threads = os.cpu_count() or 1
     report = {"examples": args.examples, "epochs": args.epochs, "cores": default_threads}
+    _timed_fit(data, 1, threads=1)  # warm-up: torch's first fit in a process costs extra
     for condition, busy in (("idle", 0), ("beside busy cells", default_threads)):
         with _busy_processes(busy):
             one, weights_one = _timed_fit(data, args.epochs, threads=1)
@@ -66,9 +64,8 @@ def _timed_fit(data, epochs: int, threads: int) -> tuple[float, torch.Tensor]:
     """Seconds per epoch, and the trained weights, with torch on `threads` threads."""
     torch.manual_seed(0)
     net = PolicyNet(PolicyConfig())
-    torch.set_num_threads(threads)
     started = time.perf_counter()
-    fit_any_threads(net, *data, epochs=epochs, batch_size=256, learning_rate=1e-3, seed=1)
+    fit(net, *data, threads=threads, epochs=epochs, batch_size=256, learning_rate=1e-3, seed=1)
     elapsed = time.perf_counter() - started
     return elapsed / epochs, torch.cat([p.detach().flatten() for p in net.parameters()])
 

@@ -154,6 +154,7 @@ class TrainParams:
     experiment: str
     registered_model: str
     cycles: str  # per cell: what its last cycle trained on and measured (DVC metrics, plots)
+    threads: PositiveInt | None = None  # torch intra-op threads; None: one per core
 
 
 @dataclass(frozen=True, config=_STRICT)

@@ -136,6 +136,7 @@ def finetune(
         weights=data.weights,
         val_fraction=params.val_fraction,
         on_epoch=on_epoch,
+        threads=params.threads,
     )
     net.config.version = version
     net.config.trained_on = {

@@ -5,8 +5,8 @@ Used by sim pretraining and by fine-tuning on line data; deterministic for a see
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,25 +29,21 @@ def seed_everything(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def on_one_thread(train: Callable) -> Callable:
-    """Train on one intra-op thread. The policy is small: two threads gain at most 2x on an idle
-    machine, but with cells or other work on the same cores their spin-waits made an epoch 10-20x
-    slower (0.33 s on one thread against 5.7-6.9 s on two, 2 shared cores). The weights are
-    the same bytes either way (checked), so one thread also gives every machine the same result."""
-
-    @functools.wraps(train)
-    def on_one(*args, **kwargs):
-        before = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            return train(*args, **kwargs)
-        finally:
-            torch.set_num_threads(before)
-
-    return on_one
+@contextmanager
+def intra_op_threads(threads: int | None) -> Iterator[None]:
+    """torch on `threads` intra-op threads inside the block (None: torch's default, one per
+    core). Where reference cells share the cores (`make demo`), two threads' spin-waits made
+    fine-tuning 6.7x slower than one (bench/train_threads); on idle cores two are up to 2x
+    faster. The weights are the same bytes either way (tests/pipelines/test_finetune.py)."""
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
-@on_one_thread
 def fit(
     net: PolicyNet,
     observations: np.ndarray,
@@ -60,8 +56,19 @@ def fit(
     weights: np.ndarray | None = None,
     val_fraction: float = 0.1,
     on_epoch: Callable[[EpochMetrics], None] | None = None,
+    threads: int | None = None,
 ) -> list[EpochMetrics]:
-    """Minimise (weighted) squared action error; hold out `val_fraction` for a val loss."""
+    """Minimise (weighted) squared action error; hold out `val_fraction` for a val loss.
+    `threads`: torch's intra-op threads while training (None: its default)."""
+    with intra_op_threads(threads):
+        return _fit(net, observations, actions, epochs, batch_size, learning_rate, seed, weights,
+                    val_fraction, on_epoch)  # fmt: skip
+
+
+def _fit(
+    net, observations, actions, epochs, batch_size, learning_rate, seed, weights, val_fraction,
+    on_epoch,
+) -> list[EpochMetrics]:  # fmt: skip
     generator = seed_everything(seed)
     x = torch.from_numpy(np.asarray(observations, dtype=np.float32))
     y = torch.from_numpy(np.asarray(actions, dtype=np.float32))

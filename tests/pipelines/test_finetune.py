@@ -206,7 +206,7 @@ def test_finetune_refuses_an_empty_training_set(tables, params):
         finetune(PolicyNet(PolicyConfig(hidden=[4])), data, params.train, "line-1")
 
 
-def test_training_runs_on_one_thread_with_the_same_weights_and_restores_the_callers_setting():
+def test_the_thread_count_changes_no_weight_and_the_callers_setting_comes_back():
     from pipelines.training.train import fit
 
     rng = np.random.default_rng(0)
@@ -215,23 +215,15 @@ def test_training_runs_on_one_thread_with_the_same_weights_and_restores_the_call
     seen, weights = [], []
     before = torch.get_num_threads()
     try:
-        for threads in (2, 1):
-            torch.set_num_threads(threads)
+        torch.set_num_threads(2)
+        for threads in (None, 1):  # torch's default (the caller's 2), then train.threads: 1
             torch.manual_seed(0)
             net = PolicyNet(PolicyConfig())
-            fit(
-                net,
-                x,
-                y,
-                epochs=2,
-                batch_size=64,
-                learning_rate=1e-3,
-                seed=3,
-                on_epoch=lambda _: seen.append(torch.get_num_threads()),
-            )
+            fit(net, x, y, epochs=2, batch_size=64, learning_rate=1e-3, seed=3, threads=threads,
+                on_epoch=lambda _: seen.append(torch.get_num_threads()))  # fmt: skip
             weights.append(torch.cat([p.detach().flatten() for p in net.parameters()]))
-            assert torch.get_num_threads() == threads  # the caller's setting is back
+            assert torch.get_num_threads() == 2  # the caller's setting is back
     finally:
         torch.set_num_threads(before)
-    assert seen == [1, 1, 1, 1]
+    assert seen == [2, 2, 1, 1]
     assert torch.equal(weights[0], weights[1])
