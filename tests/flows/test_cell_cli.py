@@ -68,6 +68,7 @@ def test_record_writes_logs_and_reports_json(tmp_path):
     assert not list(tmp_path.glob("*.partial"))
 
 
+@pytest.mark.slow  # pretrains the full sim policy (about 70 s): make test-all
 def test_sim_policy_meets_its_targets_and_the_line_gap_is_real(tmp_path):
     """Issue targets over 200 episodes: sim >= 80%, line at least 20 points lower."""
     policy = tmp_path / "sim-policy"
