@@ -37,7 +37,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from bench.ingest_incremental import EVENTS_TOPIC, SHIFT_START, _record_base, _shift_id
+from bench.ingest_incremental import SHIFT_START, _record_base, _shift_id, rewrite_log
 
 ENGINES = {"thread pool (default)": None, "dask 1 worker": "local:1", "dask 2 workers": "local:2"}
 BASE_CELL = "cell-07"
@@ -150,9 +150,6 @@ def _variant(base: Path, folder: Path, cell: str, index: int) -> Path:
     """`base` as if recorded by `cell` in another shift: the cell id and shift id replaced
     (same lengths) in the metadata, the episode events and the name; every other message
     copied byte for byte."""
-    from mcap.reader import make_reader
-    from mcap.writer import CompressionType, Writer
-
     old_shift = _shift_id(SHIFT_START)
     new_shift = _shift_id(SHIFT_START + timedelta(minutes=10 * (index + 1)))
     swaps = ((old_shift, new_shift), (BASE_CELL, cell))
@@ -164,31 +161,7 @@ def _variant(base: Path, folder: Path, cell: str, index: int) -> Path:
 
     folder.mkdir(parents=True, exist_ok=True)
     out = folder / swap(base.name)
-    with base.open("rb") as source, out.open("wb") as sink:
-        reader = make_reader(source)
-        header, summary = reader.get_header(), reader.get_summary()
-        writer = Writer(sink, compression=CompressionType.ZSTD)
-        writer.start(profile=header.profile, library=header.library)
-        schemas = {
-            sid: writer.register_schema(s.name, s.encoding, s.data)
-            for sid, s in summary.schemas.items()
-        }
-        channels = {
-            cid: writer.register_channel(
-                c.topic, c.message_encoding, schemas.get(c.schema_id, 0), dict(c.metadata)
-            )
-            for cid, c in summary.channels.items()
-        }
-        for record in reader.iter_metadata():
-            writer.add_metadata(record.name, {k: swap(v) for k, v in record.metadata.items()})
-        for _, channel, message in reader.iter_messages(log_time_order=False):
-            data = message.data
-            if channel.topic == EVENTS_TOPIC:
-                data = swap(data.decode("latin-1")).encode("latin-1")
-            writer.add_message(
-                channels[channel.id], message.log_time, data, message.publish_time, message.sequence
-            )
-        writer.finish()
+    rewrite_log(base, out, swap)
     return out
 
 

@@ -219,17 +219,23 @@ def _shift_id(moment: datetime) -> str:
 def _variant(base: Path, folder: Path, index: int) -> Path:
     """`base` as if recorded in another shift: same bytes of every message but the events
     (episode ids) and the metadata, whose shift id is replaced by one of the same length."""
-    from mcap.reader import make_reader
-    from mcap.writer import CompressionType, Writer
-
     old = _shift_id(SHIFT_START)
     new = _shift_id(SHIFT_START + timedelta(minutes=10 * (index + 1)))
     folder.mkdir(parents=True, exist_ok=True)
     out = folder / base.name.replace(old, new)
+    rewrite_log(base, out, lambda text: text.replace(old, new))
+    return out
+
+
+def rewrite_log(base: Path, out: Path, swap) -> None:
+    """A copy of the MCAP log `base` at `out` with `swap` (str -> str, same length) applied to
+    its metadata and its episode events; every other message copied byte for byte."""
+    from mcap.reader import make_reader
+    from mcap.writer import CompressionType, Writer
+
     with base.open("rb") as source, out.open("wb") as sink:
         reader = make_reader(source)
-        header = reader.get_header()
-        summary = reader.get_summary()
+        header, summary = reader.get_header(), reader.get_summary()
         writer = Writer(sink, compression=CompressionType.ZSTD)
         writer.start(profile=header.profile, library=header.library)
         schemas = {
@@ -243,18 +249,15 @@ def _variant(base: Path, folder: Path, index: int) -> Path:
             for cid, c in summary.channels.items()
         }
         for record in reader.iter_metadata():
-            writer.add_metadata(
-                record.name, {k: v.replace(old, new) for k, v in record.metadata.items()}
-            )
+            writer.add_metadata(record.name, {k: swap(v) for k, v in record.metadata.items()})
         for _, channel, message in reader.iter_messages(log_time_order=False):
             data = message.data
-            if channel.topic == EVENTS_TOPIC:
-                data = data.replace(old.encode(), new.encode())
+            if channel.topic == EVENTS_TOPIC:  # latin-1: every byte round-trips unchanged
+                data = swap(data.decode("latin-1")).encode("latin-1")
             writer.add_message(
                 channels[channel.id], message.log_time, data, message.publish_time, message.sequence
             )
         writer.finish()
-    return out
 
 
 # --- the workspaces ------------------------------------------------------------------------
