@@ -260,12 +260,14 @@ def calibrated(tmp_path_factory):
     return workspace, payload
 
 
+@pytest.mark.slow  # the shared fixture records, ingests and calibrates 300 episodes (~2 min)
 def test_estimates_use_the_line_files_keys_and_units(calibrated):
     _, payload = calibrated
     for section in ("physics", "sensors", "perception", "latency"):
         assert set(payload["world"][section]) == set(LINE[section]), section
 
 
+@pytest.mark.slow  # the shared fixture records, ingests and calibrates 300 episodes (~2 min)
 def test_latency_within_one_control_step(calibrated):
     latency = calibrated[1]["world"]["latency"]
     steps = {int(d): p for d, p in latency["steps"].items()}
@@ -287,12 +289,14 @@ NOISE_LEVELS = [
 ]
 
 
+@pytest.mark.slow  # the shared fixture records, ingests and calibrates 300 episodes (~2 min)
 @pytest.mark.parametrize(("section", "key"), NOISE_LEVELS)
 def test_noise_levels_within_25_percent(calibrated, section, key):
     estimate = calibrated[1]["world"][section][key]
     assert estimate == pytest.approx(LINE[section][key], rel=0.25)
 
 
+@pytest.mark.slow  # the shared fixture records, ingests and calibrates 300 episodes (~2 min)
 @pytest.mark.parametrize(
     "key", ["bias_x_m", "bias_y_m", "bias_drift_x_m", "bias_drift_y_m", "confidence_drop"]
 )
@@ -301,6 +305,7 @@ def test_camera_bias_and_its_drift_with_lighting(calibrated, key):
     assert estimate == pytest.approx(LINE["perception"][key], rel=0.25, abs=0.002)
 
 
+@pytest.mark.slow  # the shared fixture records, ingests and calibrates 300 episodes (~2 min)
 def test_damping_within_25_percent_and_identified(calibrated):
     payload = calibrated[1]
     assert payload["world"]["physics"]["joint_damping"] == pytest.approx(
@@ -309,6 +314,7 @@ def test_damping_within_25_percent_and_identified(calibrated):
     assert payload["identified"]["physics.joint_damping"] is True
 
 
+@pytest.mark.slow  # the shared fixture records, ingests and calibrates 300 episodes (~2 min)
 def test_friction_and_mass_are_reported_unidentified_with_a_flat_profile(calibrated):
     """The logs (and the sim) see friction and part mass only as the sliding force
     friction * mass * g: that product is estimated, the split is shown to be flat."""
@@ -324,12 +330,14 @@ def test_friction_and_mass_are_reported_unidentified_with_a_flat_profile(calibra
     assert payload["uncertainty"]["physics"]["friction"] is None
 
 
+@pytest.mark.slow  # the shared fixture records, ingests and calibrates 300 episodes (~2 min)
 def test_calibrated_replay_follows_the_logs_better_than_the_sim(calibrated):
     rms = calibrated[1]["replay_rms"]
     assert rms["pusher_velocity_mps"]["after"] < 0.5 * rms["pusher_velocity_mps"]["before"]
     assert rms["part_position_m"]["after"] < rms["part_position_m"]["before"]
 
 
+@pytest.mark.slow  # the shared fixture records, ingests and calibrates 300 episodes (~2 min)
 def test_outputs_yaml_plots_and_mlflow_run(calibrated):
     workspace, payload = calibrated
     written = yaml.safe_load((workspace / "sim-calibration.yaml").read_text())
@@ -393,6 +401,7 @@ def test_calibrated_pretraining_beats_the_sim_policy_on_the_line(calibrated):
     assert success("models/calibrated-policy") >= success(str(sim_policy)) + 0.10
 
 
+@pytest.mark.slow  # the shared fixture records, ingests and calibrates 300 episodes (~2 min)
 def test_too_few_episodes_is_refused_naming_the_dataset_and_writing_nothing(calibrated):
     workspace, _ = calibrated
     strict = yaml.safe_load((workspace / "params.yaml").read_text())
