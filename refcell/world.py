@@ -76,11 +76,18 @@ class World:
 
 
 def load_world(name_or_path: str | Path) -> World:
-    """Load a shipped world by name (`sim`, `line`, `cell-07`, ...) or a world YAML file."""
+    """Load a shipped world by name (`sim`, `line`, `cell-07`, ...) or a world YAML file, as it
+    is on the line's first day (its `timeline:` of later events: refcell.timeline)."""
+    raw = read_world_file(name_or_path)
+    raw.pop("timeline", None)
+    return TypeAdapter(World).validate_python(raw)
+
+
+def read_world_file(name_or_path: str | Path) -> dict:
     path = (
         WORLDS_DIR / f"{name_or_path}.yaml" if name_or_path in WORLD_NAMES else Path(name_or_path)
     )
-    return TypeAdapter(World).validate_python(yaml.safe_load(path.read_text()))
+    return dict(yaml.safe_load(path.read_text()))
 
 
 def world_as_dict(world: World) -> dict:

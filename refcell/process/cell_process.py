@@ -28,6 +28,7 @@ from refcell.process.line import Line
 from refcell.process.production import Production
 from refcell.process.trials import TrialRunner
 from refcell.process.uploader import LandingUploader
+from refcell.timeline import load_timeline
 from refcell.world import load_world
 
 UPLOADED_DIR = "uploaded"
@@ -71,6 +72,7 @@ class CellProcess:
             config.episodes_per_shift,
             config.seed,
             on_shift_end=lambda shift: self.production.end_shift(shift),
+            timeline=load_timeline(config.world),
         )
         self.uploader = LandingUploader(config.landing, box / UPLOADED_DIR, config.cell_id)
         sim = load_world("sim") if config.ground_truth else None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -20,8 +21,11 @@ from refcell.cell import Cell
 from refcell.process.clock import NS, CellClock, save_high_water, stamp
 from refcell.recorder import EPISODE_GAP_S, ShiftRecorder
 from refcell.runner import Controller, EpisodeResult, Operator, StepRecord, run_episode
+from refcell.timeline import Timeline, events_until, line_day, line_epoch_ns, world_on_day
 
 PRODUCTION, TRIAL = "production", "trial"
+
+log = logging.getLogger("realloop.cell")
 
 
 @dataclass
@@ -48,7 +52,8 @@ class Slot:
 
 class Line:
     """Hands out slots and runs paced episodes in them; a shift ends (`on_shift_end`) right
-    after the episode that used its last slot."""
+    after the episode that used its last slot. The line's dated events (`timeline`) take
+    effect at the first shift that starts on or after their day."""
 
     def __init__(
         self,
@@ -58,6 +63,7 @@ class Line:
         episodes_per_shift: int,
         seed: int,
         on_shift_end: Callable[[Shift], None] = lambda shift: None,
+        timeline: Timeline = (),
     ):
         if episodes_per_shift < 1:
             raise ValueError(f"--episodes-per-shift {episodes_per_shift}: must be at least 1")
@@ -67,10 +73,17 @@ class Line:
         self.cursor_ns = clock.now_ns()  # when the line is free for the next episode
         self.shift: Shift | None = None
         self.shifts_ended = 0
+        self.first_day_world, self.timeline = cell.world, timeline
+        self.epoch_ns = line_epoch_ns(box, self.cursor_ns)
+        self.events_applied = 0
+
+    def day(self, cell_ns: int) -> float:
+        return line_day(self.epoch_ns, cell_ns)
 
     def take(self) -> Slot:
         start_ns = max(self.cursor_ns, self.clock.now_ns())
         if self.shift is None:
+            self._apply_timeline(start_ns)
             shift_id = stamp(start_ns)
             self.shift = Shift(
                 shift_id,
@@ -112,6 +125,16 @@ class Line:
         shift.outcomes.setdefault(kind, []).append(result.success)
         self._end_shift_if_full()
         return result
+
+    def _apply_timeline(self, start_ns: int) -> None:
+        """The world of the day the shift starts on: every event up to then, in order."""
+        due = events_until(self.timeline, self.day(start_ns))
+        if len(due) == self.events_applied:
+            return
+        for event in due[self.events_applied :]:
+            log.info("%s: line day %.1f: %s", stamp(start_ns), self.day(start_ns), event.name)
+        self.cell.world = world_on_day(self.first_day_world, self.timeline, self.day(start_ns))
+        self.events_applied = len(due)
 
     def _end_shift_if_full(self) -> None:
         if self.shift is not None and self.shift.full:
