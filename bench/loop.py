@@ -91,7 +91,7 @@ def _fleet_params(params_path: Path, root: Path, cells: list[str]) -> Path:
     demo = document["demo"]
     document["fleet"] = {"cells": cells}
     document["trials"] |= {
-        "episodes": demo["trial_episodes"],
+        "max_episodes": demo["trial_episodes"],
         "poll_s": demo["poll_s"],
         "timeout_s": demo["trial_timeout_s"],
     }

@@ -1,45 +1,38 @@
-"""The bundle format: channel layout, manifest and the CURRENT.json pointer.
+"""The bundle format: channel layout and manifest, and the names both sides check.
 
 ```
 <channel>/<cell_id>/bundles/<bundle_id>/model.safetensors
 <channel>/<cell_id>/bundles/<bundle_id>/config.json
 <channel>/<cell_id>/bundles/<bundle_id>/manifest.json
-<channel>/<cell_id>/CURRENT.json      # {"bundle_id": ..., "manifest_sha256": ...}
 ```
+The trial copy of a candidate: the loop uploads it here, and edge.trials signs its manifest and
+files as TUF targets of the cell's role (`<cell>/<bundle_id>/<name>`) with the request that
+names them; a cell runs only what its box's TUF client verified, in trials (edge.trials) and in
+production (edge.release), never an unsigned copy.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from edge.errors import EdgeError
-from edge.integrity import SIGNATURE_FIELD, canonical_json, sha256_bytes
+from edge.integrity import canonical_json, sha256_bytes
 
 FORMAT = 1
-POINTER_NAME = "CURRENT.json"
 MANIFEST_NAME = "manifest.json"
 MODEL_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 REQUIRED_METADATA = ("model_name", "model_version")
 OPTIONAL_METADATA = ("dataset_version", "mlflow_run_id", "gate")
 # Fields that do not change what is installed, so they stay out of the content-derived bundle id.
-_NOT_CONTENT = ("bundle_id", "created_at", SIGNATURE_FIELD)
+_NOT_CONTENT = ("bundle_id", "created_at")
 # Cell ids, bundle ids and file names become path segments on the channel and the edge box:
 # no separators, no leading dot (no "..", no hidden files), nothing a shell would mangle.
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-
-
-@dataclass(frozen=True)
-class Pointer:
-    """CURRENT.json: which bundle a cell should run, and the sha256 of its manifest bytes."""
-
-    bundle_id: str
-    manifest_sha256: str
 
 
 def check_name(value: object, what: str) -> str:
@@ -49,10 +42,6 @@ def check_name(value: object, what: str) -> str:
             "starting with a letter or digit; at most 128 characters)"
         )
     return value
-
-
-def pointer_key(cell_id: str) -> str:
-    return f"{check_name(cell_id, 'cell id')}/{POINTER_NAME}"
 
 
 def bundle_file_key(cell_id: str, bundle_id: str, name: str) -> str:
@@ -127,7 +116,7 @@ def check_manifest(manifest: object, cell_id: str, bundle_id: str) -> dict[str, 
     for field, expected in (("cell_id", cell_id), ("bundle_id", bundle_id)):
         if manifest.get(field) != expected:
             raise EdgeError(
-                f"manifest.json: {field} is {manifest.get(field)!r}, CURRENT.json says "
+                f"manifest.json: {field} is {manifest.get(field)!r}, the release names "
                 f"{expected!r}; the channel is inconsistent, republish the bundle"
             )
     check_files(manifest.get("files"))
@@ -137,19 +126,6 @@ def check_manifest(manifest: object, cell_id: str, bundle_id: str) -> dict[str, 
 def encode_manifest(manifest: dict[str, Any]) -> bytes:
     # Sorted and indented: readable by operators, and byte-identical for identical manifests.
     return (json.dumps(manifest, sort_keys=True, indent=2, ensure_ascii=False) + "\n").encode()
-
-
-def encode_pointer(pointer: Pointer) -> bytes:
-    document = {"bundle_id": pointer.bundle_id, "manifest_sha256": pointer.manifest_sha256}
-    return (json.dumps(document, sort_keys=True, indent=2) + "\n").encode()
-
-
-def parse_pointer(data: bytes, where: str) -> Pointer:
-    document = parse_json(data, where)
-    sha = document.get("manifest_sha256") if isinstance(document, dict) else None
-    if not isinstance(sha, str) or not _SHA256.fullmatch(sha):
-        raise EdgeError(f"{where}: needs a bundle_id and a hex manifest_sha256; republish")
-    return Pointer(check_name(document.get("bundle_id"), f"{where}: bundle id"), sha)
 
 
 def utc_timestamp() -> str:

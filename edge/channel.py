@@ -25,7 +25,7 @@ __all__ = ["Channel", "LocalChannel", "check_key"]
 
 
 class Channel(ABC):
-    """Flat key → bytes storage. Keys are relative, '/'-separated, e.g. "cell-1/CURRENT.json"."""
+    """Flat key → bytes storage. Keys are relative, '/'-separated, e.g. "tuf/timestamp.json"."""
 
     uri: str
 

@@ -20,39 +20,45 @@ PROG = "realloop-edge"
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=PROG, description="Install and inspect realloop model bundles on an edge box."
+        prog=PROG, description="Install and inspect signed realloop releases on an edge box."
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    init = commands.add_parser("init", help="enrol this box once: channel, cell, trusted root")
+    init.add_argument("--channel", required=True, help="directory, file:// or s3://bucket/prefix")
+    init.add_argument("--cell", required=True, help="cell id on the channel")
+    _add_box(init)
+    init.add_argument(
+        "--root", type=Path, required=True, help="the channel's root.json, from its publisher"
+    )
+    _add_json(init)
+
     pull = commands.add_parser(
-        "pull", help="install and activate the bundle the channel's CURRENT.json names"
+        "pull", help="install and activate the signed release the channel names for the cell"
     )
-    pull.add_argument("--channel", required=True, help="directory, file:// or s3://bucket/prefix")
-    pull.add_argument("--cell", required=True, help="cell id on the channel")
-    _add_dest(pull)
-    pull.add_argument(
-        "--public-key",
-        type=Path,
-        help="Ed25519 public key PEM; when given, unsigned or wrongly signed bundles are refused",
-    )
+    _add_box(pull)
     _add_json(pull)
 
     rollback = commands.add_parser("rollback", help="swap the current and previous models")
-    _add_dest(rollback)
+    _add_box(rollback)
     _add_json(rollback)
 
-    status = commands.add_parser("status", help="show the active model")
-    _add_dest(status)
+    status = commands.add_parser("status", help="show the active model and its decision")
+    _add_box(status)
     _add_json(status)
-
-    keygen = commands.add_parser("keygen", help="write a new Ed25519 signing key pair")
-    keygen.add_argument("--private-key", type=Path, required=True, help="for the publisher")
-    keygen.add_argument("--public-key", type=Path, required=True, help="for the edge boxes")
     return parser
 
 
-def _add_dest(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dest", type=Path, required=True, help="model folder on this box")
+def _add_box(parser: argparse.ArgumentParser) -> None:
+    # --dest: the name before boxes were enrolled; kept so existing timers keep working.
+    parser.add_argument(
+        "--box",
+        "--dest",
+        dest="box",
+        type=Path,
+        required=True,
+        help="this box's folder (models, trusted metadata)",
+    )
 
 
 def _add_json(parser: argparse.ArgumentParser) -> None:
@@ -73,22 +79,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(result, indent=2, sort_keys=True))
     else:
         print(_human(args.command, result))
+    if result.get("intact") is False:  # never a success while the model differs from its hash
+        return _fail(f"active model damaged: {result.get('damage')}; run pull to repair it")
     return 0
 
 
 def _run(args: argparse.Namespace) -> dict[str, Any]:
     from edge import agent  # after parsing, so `--help` stays instant
 
-    if args.command == "pull":
-        return agent.pull(args.channel, args.cell, args.dest, args.public_key)
-    if args.command == "rollback":
-        return agent.rollback(args.dest)
-    if args.command == "status":
-        return agent.status(args.dest)
-    from edge.integrity import generate_keypair  # the only command left: keygen
+    if args.command == "init":
+        from edge.tuf_client import enroll
 
-    generate_keypair(args.private_key, args.public_key)
-    return {"private_key": str(args.private_key), "public_key": str(args.public_key)}
+        return enroll(args.channel, args.cell, args.box, args.root)
+    if args.command == "pull":
+        return agent.pull(args.box)
+    if args.command == "rollback":
+        return agent.rollback(args.box)
+    return agent.status(args.box)
 
 
 def _fail(message: str, code: int = 1) -> int:
@@ -98,25 +105,30 @@ def _fail(message: str, code: int = 1) -> int:
 
 
 def _human(command: str, result: dict[str, Any]) -> str:
-    if command == "keygen":
+    if command == "init":
         return (
-            f"wrote private key {result['private_key']} (keep it on the publisher only) "
-            f"and public key {result['public_key']} (copy it to the edge boxes)"
+            f"enrolled {result['box']} for cell {result['cell_id']} on {result['channel']} "
+            f"(trusting root version {result['root_version']})"
         )
     headline = {
-        "activated": "activated bundle {bundle_id}",
-        "already_active": "bundle {bundle_id} is already active; nothing to do",
-        "rolled_back": "rolled back to bundle {bundle_id}",
+        "activated": "activated release {bundle_id}",
+        "already_active": "release {bundle_id} is already active; nothing to do",
+        "repaired": "re-fetched the damaged files of release {bundle_id}",
+        "rolled_back": "rolled back to release {bundle_id}",
+        "rolled_back_damaged": "active model damaged and not re-fetchable: rolled back to "
+        "release {bundle_id}",
     }
     lines = [headline[result["action"]].format(**result)] if "action" in result else []
     previous = result["previous"]
     fields = {
-        "bundle": result["bundle_id"],
+        "release": result["bundle_id"],
         "model": f"{result['model_name']} version {result['model_version']}",
+        "decision": _decision_line(result["decision"]),
         "dataset": result["dataset_version"],
         "mlflow run": result["mlflow_run_id"],
         "path": result["path"],
-        "sha256": result["sha256"] + ("" if result["intact"] else "  (DOES NOT MATCH MANIFEST)"),
+        "sha256": f"{result['sha256']}"
+        + ("" if result["intact"] else "  (DAMAGED: pull to repair)"),
         "signed": "yes" if result["signed"] else "no",
         "published": result["created_at"],
         "activated": result["activated_at"],
@@ -126,6 +138,17 @@ def _human(command: str, result: dict[str, Any]) -> str:
     }
     lines += [f"{name:<11}{value}" for name, value in fields.items()]
     return "\n".join(lines)
+
+
+def _decision_line(decision: dict[str, Any]) -> str:
+    kind = decision.get("kind")
+    attested = decision.get("attestation") or {}
+    if kind in ("override", "rollback"):
+        return f"{kind} by {decision.get('by')} at {decision.get('at')}: {decision.get('reason')}"
+    line = f"{kind}: gate {attested.get('verdict')} on trial request {attested.get('request_id')}"
+    if kind == "approval":
+        line += f", approved by {decision.get('by')} at {decision.get('at')}"
+    return line
 
 
 if __name__ == "__main__":

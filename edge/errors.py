@@ -15,3 +15,7 @@ def describe_os_error(exc: OSError) -> str:
     """`<file>: <reason>` in one line, e.g. "/srv/model: Permission denied"."""
     where = exc.filename if exc.filename is not None else "file system"
     return f"{where}: {exc.strerror or exc}"
+
+
+class NothingPublishedError(EdgeError):
+    """The channel has no signed release for the cell yet: the box idles, nothing is wrong."""

@@ -1,8 +1,8 @@
 """The S3 channel (AWS S3 or any S3-compatible store: MinIO, Ceph, moto).
 
 Imported by `edge.channels.open_channel` only for s3:// URIs, because boto3 is slow to import.
-Every object is written with a single PUT, which S3 applies atomically: a reader of CURRENT.json
-sees the old pointer or the new one, never a mix. (Single PUTs cap an object at 5 GB.)
+Every object is written with a single PUT, which S3 applies atomically: a reader of timestamp.json
+sees the old metadata or the new, never a mix. (Single PUTs cap an object at 5 GB.)
 """
 
 from __future__ import annotations

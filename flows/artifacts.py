@@ -246,6 +246,7 @@ def gate_report(cell_id: str, record: dict) -> None:
             "",
             f"request `{record.get('trial_request_id')}`, attempt `{record.get('trial_attempt')}`",
             "",
+            *_sequential_lines(record),
             "| arm | bundle | successes (Wilson interval) | safety stops | p95 cycle time |",
             "|---|---|---|---|---|",
             *rows,
@@ -254,6 +255,19 @@ def gate_report(cell_id: str, record: dict) -> None:
         ]
     )
     markdown(key(cell_id, "gate"), text, f"{cell_id}: the gate on its hardware trials")
+
+
+def _sequential_lines(record: dict) -> list[str]:
+    """How the sequential gate stopped (docs/gate.md); nothing for a record from before it."""
+    if "stopped" not in record:
+        return []
+    superiority = "shown" if record["superiority"]["shown"] else "not shown"
+    return [
+        f"sequential test: stopped for {record['stopped']} after {record['episodes_used']} of "
+        f"{record['max_episodes']} episodes per arm (margin {record['margin']}, alpha "
+        f"{record['alpha']}); superiority {superiority}",
+        "",
+    ]
 
 
 def promotion_sentence(cell_id: str, result: dict, trained: dict) -> str:

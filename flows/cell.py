@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import shutil
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
@@ -54,15 +55,20 @@ def pretrain(
     """Behaviour cloning + DAgger in the domain-randomized sim; writes the sim policy.
     With --calibration, the sim first takes the line's estimated parameters and ranges."""
     from pipelines.contract.params import load_params
-    from pipelines.training import save_policy
-    from refcell.pretrain import pretrain as run_pretrain
+    from pipelines.training.onnx_export import save_policy_for_edge
+    from refcell.pretrain import pretrain_with_observations
 
     params = load_params(params_path)
     world, pretrain_params, identity = _pretrain_world(params.pretrain, calibration)
     with progress_bar(not as_json) as update:
-        net = run_pretrain(world, params.cell, pretrain_params, progress=update, **identity)
+        net, observations = pretrain_with_observations(
+            world, params.cell, pretrain_params, progress=update, **identity
+        )
     default_out = params.pretrain.calibrated_out if calibration else params.pretrain.out
-    folder = save_policy(net, out or Path(default_out))
+    # With policy.onnx and ood.json: the sim policy is what `deploy --initial` publishes.
+    folder, _ = save_policy_for_edge(
+        net, out or Path(default_out), observations, params.edge.ood_false_alarm
+    )
     payload = {"policy": str(folder), "version": net.config.version, **net.config.trained_on}
     emit(
         payload, as_json, lambda p: stdout.print(f"{p['version']} policy written to {p['policy']}")
@@ -211,6 +217,13 @@ def run_cell(
     channel: Annotated[str, typer.Option(help="edge channel: folder or s3://bucket/prefix")],
     landing: Annotated[str, typer.Option(help="landing zone: folder or s3://bucket/prefix")],
     box: Annotated[Path, typer.Option(help="the edge box's folder (models, recordings, trials)")],
+    root: Annotated[
+        Path | None,
+        typer.Option(
+            help="the channel's root.json to enrol the box with (default: trust the channel's "
+            "first root on first use, for reference cells only)"
+        ),
+    ] = None,
     episodes_per_shift: Annotated[int, typer.Option(min=1, help="episodes in a shift")] = 300,
     seed: Annotated[int, typer.Option(help="episode draws: per shift from (seed, shift id)")] = 0,
     speed: Annotated[
@@ -246,13 +259,19 @@ def run_cell(
         )
     params = load_params(params_path)
     _one_control_thread()
+    if root is not None:  # the box enrols with it on its first poll (refcell.process.edgebox)
+        box.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(root, box / "root.json")
     config = CellRunConfig(
         cell_id, world, channel, landing, box, episodes_per_shift, seed, speed, poll_s, ground_truth
     )
     config = dataclasses.replace(config, max_shifts=shifts)
     try:
         process = CellProcess(
-            config, dataclasses.replace(params.cell, cell_id=cell_id), params.record
+            config,
+            dataclasses.replace(params.cell, cell_id=cell_id),
+            params.record,
+            edge_params=params.edge,
         )
         log_to_stderr(process.clock)
         process.stop_on_signals()

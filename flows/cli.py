@@ -15,6 +15,7 @@ from flows import (
     deployments,
     drift_cli,
     gc_cli,
+    keys_cli,
     serve_cli,
     services_cli,
     triage_cli,
@@ -63,6 +64,9 @@ app.command("validate")(validate_cli.validate_command)
 app.command("admit")(validate_cli.admit_command)
 app.command("calibrate")(calibrate_cli.calibrate_command)
 app.command("deploy")(deploy.deploy_command)
+app.command("promote")(deploy.promote_command)
+app.command("rollback")(deploy.rollback_command)
+app.add_typer(keys_cli.app, name="keys")
 app.command("demo")(demo.demo_command)
 app.command("gc")(gc_cli.gc_command)
 app.add_typer(services_cli.app, name="services")

@@ -16,6 +16,9 @@ NO_PRODUCTION = "no production model: run realloop deploy --initial"
 # What a cell's cycle ended with (`outcome` in the summary).
 PROMOTED, NOT_PROMOTED, INCOMPLETE = "promoted", "not promoted", "trials incomplete"
 SKIPPED, FAILED = "skipped", "failed"
+# Staged rollout (flows/rollout.py): a follower got the canary's model, or did not; the canary
+# kept it, or its health window failed and it was rolled back.
+ROLLED_OUT, NOT_ROLLED_OUT, ROLLED_BACK = "rolled out", "not rolled out", "rolled back"
 
 
 def fleet_cells(params: Params, cell: str | None = None) -> list[str]:
@@ -46,7 +49,7 @@ def base_folder(workspace: Path, cell_id: str) -> Path:
 
 def plan_cell(params: Params, workspace: Path, cell_id: str, batches: list[str]) -> dict:
     """Where a cell stands: its production model (registry alias `<cell>-production`), pinned
-    as its fine-tune base, the incumbent bundle its CURRENT.json names, and its validated
+    as its fine-tune base, the incumbent bundle its signed release names, and its validated
     batches among `batches`. `skip` says why a cell cannot run a cycle (then nothing else is
     set)."""
     from pipelines.release import channel_location
@@ -93,33 +96,37 @@ def landed_since(reports: list[dict]) -> dict:
 
 
 def edge_channel_status(params: Params, cell_id: str, workspace: Path | None = None) -> dict | None:
-    """What the channel tells the cell's edge box to run (None before any publication)."""
-    from edge.agent import fetch_bundle
-    from edge.channels import open_channel
+    """What the channel's signed release tells the cell's edge box to run (None before any)."""
     from edge.errors import EdgeError
+    from edge.release import current_release
     from pipelines.release import channel_location
 
     try:
-        channel = open_channel(channel_location(params.promote.channel, workspace))
-        bundle = fetch_bundle(channel, cell_id)
+        release = current_release(channel_location(params.promote.channel, workspace), cell_id)
     except EdgeError:
         return None
-    manifest = bundle.manifest
+    if release is None:
+        return None
     return {
-        "bundle_id": bundle.bundle_id,
-        "model_name": manifest.get("model_name"),
-        "model_version": manifest.get("model_version"),
-        "dataset_version": manifest.get("dataset_version"),
-        "created_at": manifest.get("created_at"),
+        "bundle_id": release["bundle_id"],
+        "model_name": release.get("model_name"),
+        "model_version": release.get("model_version"),
+        "dataset_version": release.get("dataset_version"),
+        "created_at": release.get("published_at"),
+        "decision": (release.get("decision") or {}).get("kind"),
+        "signed": True,
     }
 
 
 def cell_result(cell_id: str, dataset_version: str, steps: dict, error: str | None = None) -> dict:
     """One cell's line of the cycle summary from what its branch produced (`steps`: plan,
-    trained, request, waited, gate, promotion, edge; each as far as the branch got)."""
+    trained, request, waited, gate, approval, promotion, rollout, edge; each as far as the
+    branch got; a rollout follower has only rollout and edge)."""
     plan, trained = steps.get("plan") or {}, steps.get("trained")
     waited, gate, promotion = steps.get("waited"), steps.get("gate"), steps.get("promotion")
-    outcome, reason = _outcome(plan, waited, gate, promotion, error)
+    rollout = steps.get("rollout") or {}
+    outcome, reason = _outcome(plan, waited, gate, promotion, error, steps.get("approval"))
+    outcome, reason = rollout.get("outcome", outcome), rollout.get("reason", reason)
     attempt = (waited or {}).get("attempt")
     return {
         "cell": cell_id,
@@ -134,19 +141,26 @@ def cell_result(cell_id: str, dataset_version: str, steps: dict, error: str | No
         "waited_s": (waited or {}).get("waited_s"),
         "trials": None if gate is None else {a: gate[a] for a in ("candidate", "incumbent")},
         "gate": None if gate is None else {"passed": gate["passed"], "reasons": gate["reasons"]},
-        "promotion": promotion,
-        "promoted_version": trained["model_version"] if outcome == PROMOTED else None,
+        "approval": steps.get("approval"),
+        "promotion": promotion or rollout.get("promotion"),
+        "promoted_version": (
+            trained["model_version"] if outcome == PROMOTED else rollout.get("model_version")
+        ),
         "edge": steps.get("edge"),
     }
 
 
-def _outcome(plan, waited, gate, promotion, error) -> tuple[str, str | None]:
+def _outcome(plan, waited, gate, promotion, error, approval=None) -> tuple[str, str | None]:
     if error is not None:
         return FAILED, error
     if plan.get("skip"):
         return SKIPPED, plan["skip"]
     if waited is not None and waited["state"] != "complete":
         return INCOMPLETE, waited["reason"]
+    if approval is not None and not approval["approved"]:
+        return NOT_PROMOTED, (
+            f"not signed off ({approval['by']}, {approval['at']}): {approval['reason']}"
+        )
     if promotion is not None and promotion["promoted"]:
         return PROMOTED, promotion["reasons"][-1].removeprefix("promoted: ")
     failed = [r for r in (gate or {}).get("reasons", []) if r.startswith("FAIL")]
@@ -209,8 +223,9 @@ CELL_COLUMNS = ("cell", "dataset", "candidate", "incumbent", "gate", "result")
 
 
 def summary_lines(summary: dict) -> list[str]:
-    """What the cycle did with the data: ingest, quarantine, validation."""
+    """What the cycle did with the data: ingest, quarantine, validation (and the rollout)."""
     ingest, validation = summary["ingest"], summary["validation"]
+    rollout = summary.get("rollout")  # flows/rollout.py, with fleet.canary
     return [
         f"dataset {summary['dataset_version']}: {ingest['episodes_ingested']} episodes "
         f"ingested from {ingest['files_ingested']} logs in {ingest['runs']} ingest runs, "
@@ -218,7 +233,19 @@ def summary_lines(summary: dict) -> list[str]:
         *(f"  quarantined {row['source']}: {row['reason']}" for row in ingest["quarantined"]),
         f"validation: {validation['passed']} of {validation['batches']} batches passed; "
         f"excluded from training: {len(validation['excluded_from_training'])}",
+        *([] if rollout is None else [rollout_line(rollout)]),
     ]
+
+
+def rollout_line(rollout: dict) -> str:
+    """The staged rollout in one line: from which canary, its window, how it ended."""
+    window = rollout["window"]
+    if window is None:
+        return f"rollout from canary {rollout['canary']}: {rollout['state']}"
+    return (
+        f"rollout of version {rollout['model_version']} from canary {rollout['canary']}: "
+        f"{rollout['state']} ({window['reason']})"
+    )
 
 
 def cell_rows(summary: dict) -> list[dict[str, str]]:
@@ -257,6 +284,6 @@ def format_trials(stats: dict | None) -> str:
 
 
 def _result_cell(cell: dict) -> str:
-    if cell["outcome"] == PROMOTED:
-        return f"promoted version {cell['promoted_version']}"
+    if cell["outcome"] in (PROMOTED, ROLLED_OUT):
+        return f"{cell['outcome']} version {cell['promoted_version']}"
     return cell["outcome"]

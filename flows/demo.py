@@ -41,6 +41,9 @@ class Fleet:
     channel: str
     cells: list[str]
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+    # The channel's root metadata, handed to each box out of band as a real box gets it. The
+    # first `deploy --initial` makes the keys in the workspace (promote.keys, root in offline/).
+    root: Path | None = None
 
     @property
     def source(self) -> str | None:
@@ -61,11 +64,16 @@ def demo_command(params_path: ParamsOpt = Path("params.yaml"), as_json: JsonOpt 
         _ensure_sim_policy(params_path, params.pretrain.out)
         for cell in fleet.cells:
             deploy_initial(demo_params, params.pretrain.out, cell)
+        fleet.root = _keys_folder(params) / "root.json"
         with running_cells(fleet, params.demo):
             shift_files = -(-params.demo.episodes_per_shift // params.record.episodes_per_file)
             wait_for_shifts(fleet, shift_files, params.demo.first_shift_timeout_s)
             cycles = _run_cycles(demo_params, fleet, params.demo.max_cycles, as_json)
-    report = {"cycles": cycles, "wall_s": round(time.monotonic() - started, 1)}
+    report = {
+        "cycles": cycles,
+        "boxes": {cell: box_status(cell) for cell in fleet.cells},
+        "wall_s": round(time.monotonic() - started, 1),
+    }
     emit(report, as_json, _print_report)
 
 
@@ -112,7 +120,7 @@ def _write_demo_params(params_path: Path, fleet: Fleet) -> Path:
     demo = document["demo"]
     document["fleet"] = {"cells": list(fleet.cells)}
     document["trials"] |= {
-        "episodes": demo["trial_episodes"],
+        "max_episodes": demo["trial_episodes"],
         "poll_s": demo["poll_s"],
         "timeout_s": demo["trial_timeout_s"],
     }
@@ -192,6 +200,8 @@ def start_cell(fleet: Fleet, cell: str, demo, seed: int) -> subprocess.Popen:
     command += ["--box", str(box), "--episodes-per-shift", str(demo.episodes_per_shift)]
     command += ["--speed", str(demo.speed), "--seed", str(seed), "--no-ground-truth"]
     command += ["--shifts", str(demo.shifts)]
+    if fleet.root is not None:
+        command += ["--root", str(fleet.root)]
     log = (DEMO_DIR / f"{cell}.log").open("a")
     stderr.print(f"demo: {cell} started (log: {DEMO_DIR / f'{cell}.log'})")
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log)
@@ -263,6 +273,43 @@ def _run_cycles(params_path: Path, fleet: Fleet, max_cycles: int, as_json: bool)
     return [_cycle_rows(summary) for summary in cycles]
 
 
+def _keys_folder(params) -> Path:
+    from pipelines.release import keys_location
+
+    return keys_location(params.promote.keys, Path.cwd())
+
+
+def box_status(cell: str) -> dict:
+    """What the cell's edge box runs: `realloop-edge status`, or why it cannot say."""
+    from edge.agent import status
+    from edge.errors import EdgeError
+
+    try:
+        return status(DEMO_DIR / "boxes" / cell)
+    except EdgeError as exc:
+        return {"error": str(exc)}
+
+
+def box_line(box: dict) -> str:
+    if "error" in box:
+        return box["error"]
+    decision = box.get("decision") or {}
+    attested = decision.get("attestation") or {}
+    if attested:
+        rates = attested.get("success_rates") or {}
+        why = (
+            f"gate attestation: verdict {attested.get('verdict')} on trial request "
+            f"{attested.get('request_id')} (candidate {rates.get('candidate')}, incumbent "
+            f"{rates.get('incumbent')})"
+        )
+    else:
+        why = f"{decision.get('kind')} by {decision.get('by')}: {decision.get('reason')}"
+    return (
+        f"model version {box.get('model_version')}, {why}, signed: "
+        f"{str(box.get('signed')).lower()}, intact: {str(box.get('intact')).lower()}"
+    )
+
+
 def _cycle_rows(summary: dict) -> dict:
     rows = []
     for cell in summary["cells"]:
@@ -305,6 +352,8 @@ def _print_report(report: dict) -> None:
                 result,
             )
     stdout.print(table)
+    for cell, box in report.get("boxes", {}).items():
+        stdout.print(f"{cell} edge box: {box_line(box)}", highlight=False, soft_wrap=True)
     stdout.print(f"demo finished in {report['wall_s'] / 60:.1f} min")
     commits = [c["dvc"]["commit"][:10] for c in report["cycles"] if (c["dvc"] or {}).get("commit")]
     if commits:  # each cycle's stages, metrics and plots, committed (dvc.yaml)

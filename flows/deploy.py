@@ -1,41 +1,42 @@
-"""`realloop deploy --initial PATH --cell ID`: a cell's first production model, as an override.
+"""Releases a person decides: `realloop deploy --initial`, `realloop promote --override`,
+`realloop rollback`. Each is a named decision (who, when, why) recorded in both places people
+look, and signed like every release (there is no unsigned path):
 
-A new cell has nothing on the channel and idles (docs/operations.md). Its first model cannot
-pass the gate, since there is no incumbent to trial it against, so this publish bypasses the
-gate and is recorded as an override in both places people look:
+- the registry: the version's tags `<kind>`=true, `<kind>_by`, `<kind>_at`, `<kind>_reason`,
+  `<kind>_cell` (kind: override or rollback), and `<kind>.json` on its run; the alias
+  `<cell><promote.alias_suffix>` moves to the version;
+- the channel: the release's signed decision (edge.release) and the cell's history.
 
-- the registry: a version of `train.registered_model` tagged override=true, override_by,
-  override_at, override_reason (and override_cell), with the alias `<cell><promote.alias_suffix>`;
-- the channel: the bundle's manifest `gate` is {"override": {...}}, and the cell's history
-  holds an `override_initial_deploy` event.
+`deploy --initial PATH --cell ID`: a new cell has nothing on the channel and idles
+(docs/operations.md). Its first model cannot pass the gate, since there is no incumbent to
+trial it against, so this publish is an override. It makes the signing keys on first use
+(`promote.keys`; root in its offline/). The order is promote's: register, publish, and the
+alias last, since it says what the cell runs. A run cut short anywhere is completed by running
+the same command again: it finds the version it registered (same weights, same cell, override
+tags, no alias yet) and carries on from there. A cell that already has a production model (the
+alias, or a release on the channel) is refused unless --force.
 
-The order is promote's: register, publish (files, manifest, then CURRENT.json), history, and
-the alias last, since it says what the cell runs. A run cut short anywhere is completed by
-running the same command again: it finds the version it registered (same weights, same cell,
-override tags, no alias yet) and carries on from there. A cell that already has a production
-model (the alias, or a pointer on the channel) is refused unless --force.
+`rollback --cell ID --to VERSION` republishes an older registered version as a new release
+(TUF versions go up) whose decision is a rollback, which is what lets a box accept the
+downgrade.
 """
 
 from __future__ import annotations
 
-import getpass
 import shutil
 import tempfile
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from flows.console import CommandError, emit, fails_cleanly, stdout
+from flows.console import CommandError, emit, fails_cleanly, stderr, stdout
 
 ParamsOpt = Annotated[Path, typer.Option("--params", help="params.yaml to read")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output on stdout")]
 
 # Deploy runs are kept apart from the fine-tuning runs that reviewers compare on val_loss.
 DEPLOY_EXPERIMENT = "realloop-deploy"
-HISTORY_ACTION = "override_initial_deploy"
-OVERRIDE_FILE = "override.json"  # the override record, on the deploy run
 
 
 @fails_cleanly
@@ -70,6 +71,126 @@ def deploy_command(
     emit(payload, as_json, _print_deploy)
 
 
+CellOpt = Annotated[str, typer.Option("--cell", help="the cell id (its channel path)")]
+ReasonOpt = Annotated[str, typer.Option("--reason", help="why, for the record (required)")]
+ByOpt = Annotated[
+    str | None,
+    typer.Option("--by", help="who decides (default: $REALLOOP_USER, then the login name)"),
+]
+
+
+@fails_cleanly
+def promote_command(
+    cell: CellOpt,
+    version: Annotated[str, typer.Option("--version", help="the registered model version")],
+    reason: ReasonOpt,
+    override: Annotated[
+        bool, typer.Option("--override", help="publish without a passing gate (recorded)")
+    ] = False,
+    by: ByOpt = None,
+    params_path: ParamsOpt = Path("params.yaml"),
+    as_json: JsonOpt = False,
+) -> None:
+    """Publish a registered version to a cell bypassing the gate: an override, recorded with
+    who, when and why in the registry and in the channel's signed release."""
+    from pipelines.release import named_decision
+
+    if not override:
+        raise CommandError(
+            "realloop promote publishes without the gate only as a recorded override: pass "
+            "--override --reason '...'; gated promotions happen in `realloop loop`"
+        )
+    _decided(params_path, cell, version, named_decision("override", reason, by), as_json)
+
+
+@fails_cleanly
+def rollback_command(
+    cell: CellOpt,
+    to: Annotated[str, typer.Option("--to", help="the registered version to go back to")],
+    reason: ReasonOpt,
+    by: ByOpt = None,
+    params_path: ParamsOpt = Path("params.yaml"),
+    as_json: JsonOpt = False,
+) -> None:
+    """Republish an older registered version as a cell's release, signed as a rollback (the
+    one decision that lets an edge box accept a lower model version)."""
+    from pipelines.release import named_decision
+
+    _decided(params_path, cell, to, named_decision("rollback", reason, by), as_json)
+
+
+def _decided(params_path: Path, cell: str, version: str, decision: dict, as_json: bool) -> None:
+    from pipelines.contract.params import load_params
+    from pipelines.training import use_workspace
+
+    workspace = Path.cwd()
+    params = load_params(params_path)
+    use_workspace(workspace)
+    payload = decided_release(workspace, params, cell, version, decision)
+    emit(payload, as_json, _print_decided)
+
+
+def decided_release(workspace: Path, params, cell_id: str, version: str, decision: dict) -> dict:
+    """Publish registered `version` to `cell_id` under a person's `decision` (override or
+    rollback): signed release, registry tags, alias."""
+    from edge.bundle import check_name
+    from edge.errors import EdgeError
+    from edge.release import current_release
+    from pipelines.release import channel_location, promote
+    from pipelines.training import download_policy, model_version_info
+
+    model = params.train.registered_model
+    channel_uri = channel_location(params.promote.channel, workspace)
+    try:
+        check_name(cell_id, "cell id")
+        info = model_version_info(model, version)
+        running = current_release(channel_uri, cell_id)
+        if decision["kind"] == "rollback" and running is None:
+            raise CommandError(f"{cell_id}: no release on {channel_uri}; nothing to roll back")
+        ensure_keys(workspace, params, channel_uri)
+        with tempfile.TemporaryDirectory(prefix="realloop-decided-") as tmp:
+            folder = download_policy(model, info.version, Path(tmp) / "download")
+            staged = _staged_policy(folder, Path(tmp))
+            result = promote(
+                None,
+                cell_id,
+                params.promote,
+                model,
+                info.version,
+                str(info.run_id),
+                staged.folder,
+                staged.trained_on.get("dataset_version"),
+                decision=decision,
+                workspace=workspace,
+            )
+    except (EdgeError, LookupError, ValueError) as exc:
+        raise CommandError(str(exc).splitlines()[0]) from None
+    release = result.bundle or {}
+    return {
+        "cell": cell_id,
+        "registered_model": model,
+        "model_version": info.version,
+        "replaced": (running or {}).get("model_version"),
+        "alias": result.alias,
+        "channel": channel_uri,
+        "bundle_id": release.get("bundle_id"),
+        "decision": decision,
+        "signed": True,
+    }
+
+
+def _print_decided(p: dict) -> None:
+    d = p["decision"]
+    stdout.print(
+        f"{p['cell']}: {p['registered_model']} version {p['model_version']} published as signed "
+        f"release {p['bundle_id']} ({d['kind']}, replacing version {p['replaced']}); alias "
+        f"{p['alias']} -> version {p['model_version']}\n{d['kind']} by {d['by']} at {d['at']}: "
+        f"{d['reason']}",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
 def deploy_initial(
     workspace: Path,
     params,
@@ -92,14 +213,17 @@ def deploy_initial(
             staged = _staged_policy(Path(policy_folder), Path(tmp))
             channel_uri = channel_location(params.promote.channel, workspace)
             channel = open_channel(channel_uri)
-            return _deploy(params, staged, cell_id, reason, force, channel, channel_uri)
+            return _deploy(workspace, params, staged, cell_id, reason, force, channel, channel_uri)
     except EdgeError as exc:
         raise CommandError(str(exc)) from None
 
 
-def _deploy(params, staged, cell_id, reason, force, channel, channel_uri) -> dict[str, Any]:
-    from edge.channels import publish_bundle
-    from edge.trials import record_history
+def _deploy(
+    workspace, params, staged, cell_id, reason, force, channel, channel_uri
+) -> dict[str, Any]:
+    from edge.release import publish_release
+    from pipelines.release import named_decision
+    from pipelines.release.promote import decision_tags, record_decision
     from pipelines.training import set_production_alias
 
     model = params.train.registered_model
@@ -113,19 +237,17 @@ def _deploy(params, staged, cell_id, reason, force, channel, channel_uri) -> dic
             "--initial deploys a cell's first model: pass --force to replace it anyway "
             "(recorded as an override)"
         )
-    override = {
-        "kind": "initial_deploy",
-        "by": getpass.getuser(),
-        "at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "reason": reason or f"first deployment of {cell_id}: no incumbent to trial against",
-        "forced": force,
-        "replaced": production,
-    }
-    tags = _override_tags(cell_id, override)
-    version, run_id = earlier or _register(model, cell_id, staged.folder, tags)
-    _record_override(model, version, run_id, tags, override)
-    manifest = publish_bundle(
+    override = named_decision(
+        "override", reason or f"first deployment of {cell_id}: no incumbent to trial against"
+    ) | {"initial_deploy": True, "forced": force, "replaced": production}
+    keys = ensure_keys(workspace, params, channel_uri)
+    version, run_id = earlier or _register(
+        model, cell_id, staged.folder, decision_tags(cell_id, override)
+    )
+    record_decision(model, version, run_id, cell_id, override)
+    release = publish_release(
         channel_uri,
+        keys,
         cell_id,
         staged.files,
         metadata={
@@ -133,11 +255,11 @@ def _deploy(params, staged, cell_id, reason, force, channel, channel_uri) -> dic
             "model_version": int(version),
             "dataset_version": staged.trained_on.get("dataset_version"),
             "mlflow_run_id": run_id,
-            "gate": {"override": override},
         },
+        decision=override,
+        attestation=None,
+        timestamp_expiry_s=params.promote.timestamp_expiry_s,
     )
-    details = {"model_name": model, "model_version": int(version), "override": override}
-    record_history(channel, cell_id, HISTORY_ACTION, manifest["bundle_id"], details)
     set_production_alias(model, alias, version)
     return {
         "cell": cell_id,
@@ -146,31 +268,53 @@ def _deploy(params, staged, cell_id, reason, force, channel, channel_uri) -> dic
         "mlflow_run_id": run_id,
         "alias": alias,
         "channel": channel_uri,
-        "bundle_id": manifest["bundle_id"],
+        "bundle_id": release["bundle_id"],
         "policy_sha256": sha256,
         "override": override,
+        "signed": True,
         "resumed": earlier is not None,
     }
+
+
+def ensure_keys(workspace: Path, params, channel_uri: str) -> Path:
+    """The workspace's keys folder (`promote.keys`), made on first use, and the channel's
+    first signed metadata. Root is written to `<keys>/offline/`: move it off this machine."""
+    from edge.rotation import init_keys
+    from pipelines.release import keys_location
+
+    keys = keys_location(params.promote.keys, workspace)
+    made = init_keys(keys, channel_uri, params.promote.timestamp_expiry_s)
+    if made["made"]:
+        stderr.print(
+            f"made the signing keys in {keys}; the root key is in {made['offline']}: keep it "
+            "offline (needed only by `realloop keys rotate`)",
+            highlight=False,
+            soft_wrap=True,
+        )
+    return keys
 
 
 class _Staged:
     """A private copy of the policy: what was loaded is what is registered and published."""
 
     def __init__(self, folder: Path, trained_on: dict):
+        from pipelines.release.promote import bundle_files
+
         self.folder = folder
-        self.files = {name: folder / name for name in ("model.safetensors", "config.json")}
+        self.files = bundle_files(folder)  # weights, config, and the edge files when present
         self.trained_on = trained_on
 
 
 def _staged_policy(source: Path, tmp: Path) -> _Staged:
+    from pipelines.release.promote import bundle_files
     from pipelines.training import load_policy
 
     try:
         load_policy(source)  # a broken folder is refused before anything is written
         folder = tmp / "policy"
         folder.mkdir()
-        for name in ("model.safetensors", "config.json"):
-            shutil.copyfile(source / name, folder / name)
+        for name, path in bundle_files(source).items():  # policy.onnx, ood.json travel too
+            shutil.copyfile(path, folder / name)
         policy = load_policy(folder)
     except (FileNotFoundError, ValueError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
@@ -204,31 +348,25 @@ def _interrupted_deploy(
 def _production_now(
     model: str, alias: str, channel, cell_id: str, earlier: tuple[str, str] | None
 ) -> list[str]:
-    """What says the cell already runs a model: the registry alias, the channel's pointer
-    (unless it names the version an interrupted deploy left behind)."""
-    from edge.bundle import MANIFEST_NAME, bundle_file_key, parse_json, parse_pointer, pointer_key
-    from edge.errors import KeyNotFoundError
+    """What says the cell already runs a model: the registry alias, the channel's signed
+    release (unless it names the version an interrupted deploy left behind)."""
+    from edge.tuf_repo import named_release, release_target
     from pipelines.training import production_version
 
     found = []
     info = production_version(model, alias)
     if info is not None:
         found.append(f"registry alias {alias} -> {model} version {info.version}")
-    key = pointer_key(cell_id)
-    try:
-        pointer = parse_pointer(channel.get_bytes(key), channel.describe(key))
-    except KeyNotFoundError:
+    release = named_release(channel, cell_id)
+    if release is None:
         return found
-    manifest_key = bundle_file_key(cell_id, pointer.bundle_id, MANIFEST_NAME)
-    try:
-        manifest = parse_json(channel.get_bytes(manifest_key), channel.describe(manifest_key))
-    except KeyNotFoundError:
-        manifest = {}
     ours = earlier is not None and (
-        manifest.get("model_name") == model and str(manifest.get("model_version")) == earlier[0]
+        release.get("model_name") == model and str(release.get("model_version")) == earlier[0]
     )
     if not ours:
-        found.append(f"channel {channel.describe(key)} -> bundle {pointer.bundle_id}")
+        found.append(
+            f"channel {channel.describe(release_target(cell_id))} -> release {release['bundle_id']}"
+        )
     return found
 
 
@@ -248,28 +386,6 @@ def _register(model: str, cell_id: str, folder: Path, tags: dict) -> tuple[str, 
     finally:
         client.set_terminated(run_id, status)
     return version, run_id
-
-
-def _override_tags(cell_id: str, override: dict) -> dict[str, str]:
-    return {
-        "override": "true",
-        "override_by": override["by"],
-        "override_at": override["at"],
-        "override_reason": override["reason"],
-        "override_cell": cell_id,
-    }
-
-
-def _record_override(model: str, version: str, run_id: str, tags: dict, override: dict) -> None:
-    """The override's tags on the version and its run (this attempt's, when an interrupted
-    one is completed), and the whole record as the run's override.json."""
-    from pipelines.training.tracking import mlflow_client
-
-    client = mlflow_client(None)
-    for key, value in tags.items():
-        client.set_model_version_tag(model, version, key, value)
-        client.set_tag(run_id, key, value)
-    client.log_dict(run_id, override, OVERRIDE_FILE)
 
 
 def _sha256(path: Path) -> str:

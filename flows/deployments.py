@@ -6,6 +6,8 @@ their schedules and by events, and the automation that resumes a loop when its t
                                             realloop.drift.detected or
                                             realloop.edge-cases.threshold (flows/events.py);
                                             one cycle at a time (concurrency limit 1)
+    keys-refresh  flows.keys_refresh.keys_refresh_flow  every promote.timestamp_expiry_s / 3: a
+                  new signed timestamp, so boxes keep trusting a channel with no new release
     automation    "realloop: resume a loop when its trials are in": on realloop.trials.ready,
                   ResumeFlowRun of the flow run the event names
 
@@ -26,7 +28,13 @@ from flows import events
 from flows.console import CommandError, emit, fails_cleanly, stdout
 from flows.prefect_env import api_url
 from flows.recovery import recovery_automations
-from flows.serve import INGEST_DEPLOYMENT, LOOP_DEPLOYMENT, build_deployments, schedules
+from flows.serve import (
+    INGEST_DEPLOYMENT,
+    LOOP_DEPLOYMENT,
+    REFRESH_DEPLOYMENT,
+    build_deployments,
+    schedules,
+)
 from flows.services import WORK_POOL  # `realloop services up` creates it, with its workers
 
 RESUME_AUTOMATION = "realloop: resume a loop when its trials are in"
@@ -111,6 +119,7 @@ def deploy_flows(
     skip = ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW)
     extra = {
         INGEST_DEPLOYMENT: on_pool | {"concurrency_limit": skip},
+        REFRESH_DEPLOYMENT: on_pool | {"concurrency_limit": skip},  # the next tick re-signs
         LOOP_DEPLOYMENT: on_pool
         | {
             "triggers": loop_triggers(params),

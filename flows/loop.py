@@ -5,7 +5,9 @@
                   → fine-tune on the cell's batches → upload the candidate → request trials
       → await the trials of every cell at once (subflow `await-trials`; a run of the
         work-pool deployment first suspends until ingest sees them in, flows/waiting.py)
-      → per cell: gate on the request's complete attempt → promote (channel path and alias)
+      → per cell: gate on the request's complete attempt → (a person's sign-off, with
+                  promote.require_approval: flows/approval.py) → promote (channel and alias)
+      → with fleet.canary: the canary's health window, then the other cells (flows/rollout.py)
 
 The loop never runs a cell: it reaches cells only through the edge channel (candidates and
 trial requests out) and hears from them only through the landing zone (docs/operations.md).
@@ -17,7 +19,6 @@ each calls one stage function from pipelines/ and returns plain values for the s
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -28,14 +29,13 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 from prefect.states import Failed
 
-from flows import artifacts, cycle, loop_lock, waiting
+from flows import approval, artifacts, cycle, ledger, loop_lock, rollout, waiting
 from flows.console import progress_bar
 from flows.ingest import ingest_flow
 from pipelines.contract.params import Params, load_params
 from pipelines.ingest.disk import DiskFullError
 from pipelines.release import trials
 
-CYCLES = Path(".realloop/cycles.jsonl")  # one summary per finished cycle, in the workspace
 # Channel writes (S3 or a mount) may fail transiently; each of these tasks is idempotent.
 CHANNEL_IO = {"retries": 2, "retry_delay_seconds": 5, "cache_policy": NO_CACHE}
 THIN = {"cache_policy": NO_CACHE}  # stage results are never reused across runs
@@ -96,7 +96,8 @@ def fine_tune(
 
 @task(name="upload-candidate", task_run_name="upload candidate {cell_id}", **CHANNEL_IO)
 def upload_candidate(params: Params, workspace: Path, cell_id: str, trained: dict) -> dict:
-    """The candidate's bundle on the cell's channel path; CURRENT.json does not move."""
+    """The candidate's bundle on the cell's channel path, for trials; the cell's signed release
+    does not move."""
     folder = Path(trained["policy_folder"])
     channel = _channel(params, workspace)
     uploaded = trials.upload_candidate(channel, cell_id, folder, trained, workspace=workspace)
@@ -106,7 +107,9 @@ def upload_candidate(params: Params, workspace: Path, cell_id: str, trained: dic
 
 @task(name="request-trials", task_run_name="request trials {cell_id}", **CHANNEL_IO)
 def request_trials(params: Params, workspace: Path, cell_id: str, request: dict) -> dict:
-    published = trials.publish_trial_request(_channel(params, workspace), request)
+    published = trials.publish_trial_request(
+        _channel(params, workspace), request, _signing(params, workspace)
+    )
     artifacts.log(artifacts.request_sentence(cell_id, request))
     return published
 
@@ -120,7 +123,9 @@ def check_trials(params: Params, workspace: Path, requests: dict[str, dict]) -> 
 def withdraw_trials(
     params: Params, workspace: Path, cell_id: str, request: dict, reason: str
 ) -> bool:
-    withdrawn = trials.withdraw_trial_request(_channel(params, workspace), request, reason)
+    withdrawn = trials.withdraw_trial_request(
+        _channel(params, workspace), request, reason, _signing(params, workspace)
+    )
     # The reason (the deadline, the best attempt) was logged when the wait ended.
     artifacts.log(f"{cell_id}: trial request {request['request_id']} withdrawn from the channel")
     return withdrawn
@@ -138,17 +143,23 @@ def gate(
     attempt: trials.Attempt,
 ) -> dict:
     """Judge the complete attempt's episodes, arm against arm; keep the record with the
-    candidate's model version."""
+    candidate's model version, and sign it as the gate's attestation (the record's
+    `attestation`: the only thing promote believes)."""
+    from pipelines.release import attest_gate, keys_location
     from pipelines.training import record_gate
 
     dataset = workspace / params.ingest.dataset
     record = trials.judge_attempt(dataset, request, attempt, params.gate)
     model, version = params.train.registered_model, trained["model_version"]
     record_gate(model, version, record, trained["mlflow_run_id"])
+    keys = keys_location(params.promote.keys, workspace)
+    record["attestation"] = attest_gate(record, Path(trained["policy_folder"]), keys).decode()
     reason = (
         f"judged on attempt {attempt.attempt}: gate {'passed' if record['passed'] else 'failed'}"
     )
-    trials.close_trial_request(_channel(params, workspace), request, reason)
+    trials.close_trial_request(
+        _channel(params, workspace), request, reason, _signing(params, workspace)
+    )
     artifacts.log(artifacts.gate_sentence(cell_id, record))
     artifacts.gate_report(cell_id, record)
     return record
@@ -156,14 +167,21 @@ def gate(
 
 @task(name="promote", task_run_name="promote {cell_id}", **CHANNEL_IO)
 def promote(
-    params: Params, workspace: Path, cell_id: str, trained: dict, gate_record: dict
+    params: Params,
+    workspace: Path,
+    cell_id: str,
+    trained: dict,
+    gate_record: dict,
+    decision: dict | None = None,
 ) -> dict:
-    """On a pass: the gated version (the trialled weights, checked against the registry) as
-    a bundle on the cell's channel path, then its alias; on a fail, nothing."""
+    """On a passing gate attestation: the gated version (the trialled weights, checked against
+    the registry) as a signed release for the cell, then its alias; otherwise nothing.
+    `decision`: a person's sign-off on top of the gate (kind "approval", by, at, reason)."""
     from pipelines.release import promote as promote_model
 
+    attestation = gate_record.get("attestation")
     result = promote_model(
-        gate_record,
+        attestation.encode() if attestation else None,
         cell_id,
         params.promote,
         params.train.registered_model,
@@ -171,6 +189,8 @@ def promote(
         trained["mlflow_run_id"],
         Path(trained["policy_folder"]),
         trained["dataset_version"],
+        decision=decision,
+        workspace=workspace,
     ).as_dict()
     artifacts.log(artifacts.promotion_sentence(cell_id, result, trained))
     return result
@@ -207,8 +227,8 @@ def _cycle(root, params, params_path, cell, source, progress, suspend_for_trials
     if saved:
         fleet, number, ingested, validation = _Fleet.restore(saved["cycle"])
     else:
-        fleet = _Fleet(cycle.fleet_cells(params, cell))
-        number = _cycles_done(root)  # this cycle's: its MLflow runs and its summary say it
+        fleet = _Fleet(rollout.cycle_cells(params, cell))  # with a canary: it alone
+        number = ledger.cycles_done(root)  # this cycle's: its MLflow runs and summary say it
         ingested = ingest_flow(params_path, str(root), source=source, progress=progress)
         fleet.lap("ingest")
         validation = validate(params, root, _all_batches(root, params))
@@ -230,6 +250,14 @@ def _cycle(root, params, params_path, cell, source, progress, suspend_for_trials
         fleet.steps[cell_id]["waited"] = outcome
     fleet.lap("await trials")
     _finish_cells(fleet, params, root)
+
+    def poll() -> list[dict]:  # the rollout's wait ingests and validates as the trials' does
+        return _validate_new(params, root, _poll_ingest(params_path, str(root), source))
+
+    rolled = rollout.stage(params, root, cell, fleet.steps, poll, promote, progress)
+    if rolled is not None:
+        fleet.cells += [c for c in rolled["cells"] if c not in fleet.cells]  # the followers
+        fleet.lap("rollout")
     summary = cycle.summarize_cycle(
         params,
         number,
@@ -243,40 +271,11 @@ def _cycle(root, params, params_path, cell, source, progress, suspend_for_trials
         ],
         fleet.timings,
     )
-    summary["dvc"] = _dvc_commit(params, root, summary)
-    mlflow_cycle_runs(params, root, summary, return_state=True)  # a failure is logged, no more
-    _record_cycle(root, summary)
+    summary["rollout"] = rolled
+    ledger.record(params, root, summary)
     artifacts.log(artifacts.cycle_sentence(summary))
     artifacts.cycle_report(summary, root)
     return summary
-
-
-@task(name="mlflow-cycle-runs", **THIN)
-def mlflow_cycle_runs(params: Params, workspace: Path, summary: dict) -> dict[str, str]:
-    """Each cell's MLflow run of the cycle ended, with its trials and gate as child runs."""
-    from pipelines.training.cycle_runs import log_cycle_runs
-
-    return log_cycle_runs(workspace, params.train.experiment, summary)
-
-
-@task(name="dvc-commit", **THIN)
-def dvc_commit(params: Params, workspace: Path, summary: dict) -> dict:
-    """The cycle in DVC and git: trials.json, each fine-tuned cell's stage in dvc.lock, one
-    commit tagged cycle-<n> (pipelines/release/cycle_record.py)."""
-    from pipelines.release.cycle_record import record_cycle
-
-    return record_cycle(workspace, params, summary)
-
-
-def _dvc_commit(params: Params, root: Path, summary: dict) -> dict:
-    """A failed record does not undo the cycle (its promotions stand): it is reported in the
-    summary, and `dvc status` shows what stays to commit."""
-    state = dvc_commit(params, root, summary, return_state=True)
-    if state.is_completed():
-        return state.result()
-    reason = str(state.result(raise_on_failure=False)).splitlines()[0]
-    get_run_logger().warning("recording the cycle in DVC and git failed: %s", reason)
-    return {"commit": None, "stages": [], "error": reason}
 
 
 def _start_cells(
@@ -310,7 +309,11 @@ def _start_cells(
     # The request ids are made here, once: a retried publish rewrites the same request.
     documents = [
         trials.new_trial_request(
-            c, fleet.steps[c]["candidate"], fleet.steps[c]["plan"]["incumbent"], params.trials
+            c,
+            fleet.steps[c]["candidate"],
+            fleet.steps[c]["plan"]["incumbent"],
+            params.trials,
+            gate=params.gate,  # the sequential design, fixed in the request
         )
         for c in cells
     ]
@@ -319,7 +322,8 @@ def _start_cells(
 
 
 def _finish_cells(fleet: _Fleet, params: Params, root: Path) -> None:
-    """Per cell whose trials completed: gate → promote. Then what each channel names."""
+    """Per cell whose trials completed: gate → (sign-off, with promote.require_approval) →
+    promote. Then what each channel names."""
     common = (unmapped(params), unmapped(root))
     cells = [c for c in fleet.going() if fleet.steps[c]["waited"]["state"] == "complete"]
     steps = [fleet.steps[c] for c in cells]
@@ -335,13 +339,15 @@ def _finish_cells(fleet: _Fleet, params: Params, root: Path) -> None:
         ),
     )
     fleet.lap("gate")
+    # In the flow body: Prefect pauses a flow run, not a task. A rejected cell stops here.
     cells = [c for c in cells if c not in fleet.errors]
+    cells = approval.sign_off_cells(params, fleet.steps, cells)
+    if params.promote.require_approval:
+        fleet.lap("sign-off")  # the wait for people, apart from the stages' own time
     steps = [fleet.steps[c] for c in cells]
-    fleet.settle(
-        "promotion",
-        cells,
-        promote.map(*common, cells, [s["trained"] for s in steps], [s["gate"] for s in steps]),
-    )
+    decisions = [s.get("approval") for s in steps]
+    trained, gated = [s["trained"] for s in steps], [s["gate"] for s in steps]
+    fleet.settle("promotion", cells, promote.map(*common, cells, trained, gated, decisions))
     fleet.lap("promote")
     for cell_id in fleet.cells:
         fleet.steps[cell_id]["edge"] = cycle.edge_channel_status(params, cell_id, root)
@@ -385,9 +391,26 @@ def await_trials(
                 if state == "timed out":
                     reason = outcomes[cell_id]["reason"]
                     withdraw_trials(params, root, cell_id, request, reason)
+                else:  # decided: the cell stops running trials now, not at the cap
+                    close_decided_trials(params, root, cell_id, request, attempt)
                 del pending[cell_id]
     artifacts.trials_wait(rows)
     return {"outcomes": outcomes, "ingests": ingests}
+
+
+@task(name="close-decided-trials", task_run_name="close trials {cell_id}", **CHANNEL_IO)
+def close_decided_trials(
+    params: Params, workspace: Path, cell_id: str, request: dict, attempt: trials.Attempt
+) -> bool:
+    """Close a request the sequential test has decided, so the cell runs no more of it (the
+    gate judges the episodes used; closing again after the gate is a no-op)."""
+    used = min(attempt.counts().values())
+    reason = f"decided on attempt {attempt.attempt} after {used} episodes per arm"
+    closed = trials.close_trial_request(
+        _channel(params, workspace), request, reason, _signing(params, workspace)
+    )
+    artifacts.log(f"{cell_id}: trial request {request['request_id']} {reason}; closed")
+    return closed
 
 
 def _suspend_for_trials(
@@ -536,18 +559,6 @@ class _Fleet:
         self._mark = now
 
 
-def _cycles_done(root: Path) -> int:
-    ledger = root / CYCLES
-    return len(ledger.read_text().splitlines()) if ledger.is_file() else 0
-
-
-def _record_cycle(root: Path, summary: dict) -> None:
-    ledger = root / CYCLES
-    ledger.parent.mkdir(parents=True, exist_ok=True)
-    with ledger.open("a") as handle:
-        handle.write(json.dumps(summary, default=str) + "\n")
-
-
 def _all_batches(root: Path, params: Params) -> list[str]:
     return sorted(p.stem for p in (root / params.ingest.dataset / "episodes").glob("*.parquet"))
 
@@ -556,3 +567,8 @@ def _channel(params: Params, workspace: Path) -> str:
     from pipelines.release import channel_location
 
     return channel_location(params.promote.channel, workspace)
+
+
+def _signing(params: Params, workspace: Path) -> trials.Signing:
+    """Trial requests are signed by the cell's key, like its releases."""
+    return trials.trial_signing(params.promote, workspace)

@@ -1,13 +1,15 @@
 """Serve the ingest and retrain-loop flows as Prefect deployments on their schedules.
 
-`serve(params_path)` registers two deployments with the Prefect server at PREFECT_API_URL and
-runs their flow runs from this process (each in a subprocess, in this working directory) until
-Ctrl-C or SIGTERM:
+`serve(params_path)` registers three deployments with the Prefect server at PREFECT_API_URL
+and runs their flow runs from this process (each in a subprocess, in this working directory)
+until Ctrl-C or SIGTERM:
 
-    ingest        flows.ingest.ingest_flow  every ingest.schedule_interval_s seconds
-    retrain-loop  flows.loop.loop_flow      cron serve.loop_cron in serve.timezone
+    ingest        flows.ingest.ingest_flow              every ingest.schedule_interval_s seconds
+    retrain-loop  flows.loop.loop_flow                  cron serve.loop_cron in serve.timezone
+    keys-refresh  flows.keys_refresh.keys_refresh_flow  every promote.timestamp_expiry_s / 3
+                  (a new signed timestamp: boxes refuse a channel idle past the expiry)
 
-Both runs get parameters={"params_path": <the params path as given>, "workspace": <the working
+Every run gets parameters={"params_path": <the params path as given>, "workspace": <the working
 directory of `serve`>}; paths inside params.yaml are relative to that workspace.
 
 A Prefect server is required: the ephemeral API that `configure_prefect` falls back to runs no
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
 
 INGEST_DEPLOYMENT = "ingest"
 LOOP_DEPLOYMENT = "retrain-loop"
+REFRESH_DEPLOYMENT = "keys-refresh"
 NO_SERVER = (
     "serve needs a Prefect server (the ephemeral API runs no scheduler): start one with "
     "`prefect server start` and set PREFECT_API_URL=http://127.0.0.1:4200/api"
@@ -42,7 +45,14 @@ def schedules(params: Params) -> dict[str, str]:
     return {
         INGEST_DEPLOYMENT: f"every {params.ingest.schedule_interval_s} s",
         LOOP_DEPLOYMENT: f"cron '{params.serve.loop_cron}' ({params.serve.timezone})",
+        REFRESH_DEPLOYMENT: f"every {_refresh_s(params):g} s",
     }
+
+
+def _refresh_s(params: Params) -> float:
+    from flows.keys_refresh import refresh_interval_s
+
+    return refresh_interval_s(params.promote.timestamp_expiry_s)
 
 
 def build_deployments(
@@ -50,7 +60,7 @@ def build_deployments(
     ingest_source: str | None = None,
     extra: dict[str, dict] | None = None,
 ) -> list[RunnerDeployment]:
-    """The two deployments, scheduled as params.yaml says; nothing is registered yet.
+    """The deployments, scheduled as params.yaml says; nothing is registered yet.
     `ingest_source` (a folder or an s3:// prefix) replaces the landing folder for ingest;
     `extra` adds to_deployment arguments by deployment name (`realloop deploy-flows`: the
     work pool's job variables, triggers; its "parameters" are added to the common ones)."""
@@ -58,6 +68,7 @@ def build_deployments(
     from prefect.schedules import Cron, Interval
 
     from flows.ingest import ingest_flow
+    from flows.keys_refresh import keys_refresh_flow
     from flows.loop import loop_flow
 
     params = load_params(params_path)
@@ -86,11 +97,17 @@ def build_deployments(
             description="One cycle of the continual-retraining loop.",
             **common | more(LOOP_DEPLOYMENT, parameters),
         ),
+        keys_refresh_flow.to_deployment(
+            REFRESH_DEPLOYMENT,
+            schedule=Interval(timedelta(seconds=_refresh_s(params))),
+            description="Re-sign the release channel's timestamp so boxes keep trusting it.",
+            **common | more(REFRESH_DEPLOYMENT, parameters),
+        ),
     ]
 
 
 def serve(params_path: Path, ingest_source: str | None = None) -> None:
-    """Serve both deployments until Ctrl-C or SIGTERM; returns normally then."""
+    """Serve the deployments until Ctrl-C or SIGTERM; returns normally then."""
     if api_url() is None:
         raise CommandError(NO_SERVER)
     load_params(params_path)  # a bad params file fails here, in one line, before prefect loads

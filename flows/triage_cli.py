@@ -44,6 +44,13 @@ def _print_triage(report: dict, queue_length: int) -> None:
         soft_wrap=True,
         highlight=False,
     )
+    parts = ", ".join(f"{kind} {n}" for kind, n in report["parts"].items())
+    stdout.print(
+        f"parts: {parts}; {len(report['novel_part_episodes'])} novel-part episodes "
+        "(kept and weighted by data selection)",
+        soft_wrap=True,
+        highlight=False,
+    )
     for cls, rows in report["worst"].items():
         if not rows:
             continue

@@ -64,6 +64,23 @@ def pretrain(
     trained_on: dict | None = None,
 ) -> PolicyNet:
     """`sim_world` may be the plain sim or a calibrated one (refcell.world.calibrated_world)."""
+    net, _ = pretrain_with_observations(
+        sim_world, cell_params, params, progress, on_epoch, version, trained_on
+    )
+    return net
+
+
+def pretrain_with_observations(
+    sim_world: World,
+    cell_params: CellParams,
+    params: PretrainParams,
+    progress: Progress | None = None,
+    on_epoch: Callable[[EpochMetrics], None] | None = None,
+    version: str = "sim-0",
+    trained_on: dict | None = None,
+) -> tuple[PolicyNet, np.ndarray]:
+    """`pretrain`, and the observations it trained on (the edge export's parity check and OOD
+    statistics: pipelines.training.onnx_export)."""
     seed_everything(params.seed)
     net = PolicyNet(
         PolicyConfig(
@@ -93,4 +110,4 @@ def pretrain(
         net.config.trained_on[f"dagger_{round_ + 1}_success"] = rate
         fit(net, obs, labels, epochs=max(params.epochs // 2, 1), on_epoch=on_epoch, **train)
     net.config.trained_on["samples"] = len(obs)
-    return net
+    return net, obs

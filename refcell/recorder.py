@@ -95,12 +95,14 @@ class _McapFile:
 class _EpisodeLog:
     episode_id: str
     start_ns: int
+    source_log: str  # the shift log the episode is written to
     captured: set[str] = field(default_factory=set)
     touched: bool = False
     steps_without_contact: int = 0
     interventions: int = 0
     intervening: bool = False
     safety_stops: int = 0
+    last_step: tuple[Cell, StepRecord] | None = None  # for a capture after the episode
 
 
 class ShiftRecorder:
@@ -143,6 +145,7 @@ class ShiftRecorder:
         self._log_step(cell, record)
         self._watch_for_edge_cases(cell, record)
         if record.result.done:
+            self.episode.last_step = (cell, record)
             self._end_episode(cell, record)
 
     def close(self) -> list[Path]:
@@ -154,6 +157,14 @@ class ShiftRecorder:
     def begin_at(self, time_ns: int) -> None:
         """The next episode starts at this cell time (a cell on its own clock sets it)."""
         self.clock_ns = time_ns
+
+    def capture_after_episode(self, reason: str, note: str) -> Path | None:
+        """A capture on the last step of the episode just ended (the box's health check
+        decides only then, e.g. `rollback`); None if no episode ended here."""
+        if self.episode is None or self.episode.last_step is None:
+            return None
+        self._capture(*self.episode.last_step, reason, note)
+        return self.captures[-1] if reason in self.episode.captured else None
 
     def use_policy(self, policy_version: str) -> None:
         """A new model from now on: close the open file, since its metadata names the old one."""
@@ -169,7 +180,7 @@ class ShiftRecorder:
             self.current = _McapFile(self.out_dir / name, self._metadata(index), self.in_place)
             self.episodes_in_file = 0
         episode_id = f"{self.identity.cell_id}-{self.shift_id}-{cell.episode_index:05d}"
-        self.episode = _EpisodeLog(episode_id, self.clock_ns)
+        self.episode = _EpisodeLog(episode_id, self.clock_ns, self.current.path.name)
         self.window.clear()
         self.window.append([])
         self._emit(
@@ -253,6 +264,17 @@ class ShiftRecorder:
                 step=record.index,
                 corrected_action=np.round(record.corrected, 5).tolist(),
             )
+        if record.fallback is not None:
+            fallback = record.fallback
+            self._event(
+                t,
+                "fallback",
+                step=record.index,
+                reason=fallback.reason,
+                ood_score=round(fallback.score, 4),
+                ood_threshold=round(fallback.threshold, 4),
+                confidence=round(fallback.confidence, 4),
+            )
         if record.result.safety_stop:
             self.episode.safety_stops += 1
             self._event(
@@ -282,7 +304,15 @@ class ShiftRecorder:
             self._capture(
                 cell, record, "low_confidence", f"perception confidence {record.observation[7]:.2f}"
             )
-        if record.intervention:
+        if record.fallback is not None:
+            fallback = record.fallback
+            why = (
+                f"OOD score {fallback.score:.2f} > {fallback.threshold:.2f}"
+                if fallback.reason == "ood"
+                else f"perception confidence {fallback.confidence:.2f} below the box's minimum"
+            )
+            self._capture(cell, record, "ood", f"box handed the step to the operator: {why}")
+        elif record.intervention:
             self._capture(cell, record, "operator_flag", "operator took over from the policy")
         if result.safety_stop:
             self._capture(cell, record, "safety_stop", f"safety stop: {result.safety_stop}")
@@ -327,7 +357,7 @@ class ShiftRecorder:
             "step": record.index,
             "operator_note": note,
             "cell_id": self.identity.cell_id,
-            "source_log": self.current.path.name,
+            "source_log": self.episode.source_log,
             "attachments": [snapshot],
         }
         path = self.captures_dir / f"{stem}.json"  # written last: the sidecar completes a capture

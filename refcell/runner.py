@@ -13,6 +13,7 @@ from typing import Protocol
 
 import numpy as np
 
+from edge.runtime import Fallback
 from pipelines.contract.params import CellParams, OperatorParams
 from refcell.cell import Cell, StepResult
 from refcell.expert import Expert
@@ -37,6 +38,7 @@ class StepRecord:
     corrected: np.ndarray | None  # the operator's action, on intervention steps
     expert: np.ndarray | None  # privileged label, only when a caller asks for it
     result: StepResult
+    fallback: Fallback | None = None  # the box handed this step to the fallback, and why
 
 
 @dataclass
@@ -56,6 +58,9 @@ class EpisodeResult:
 
 
 StepObserver = Callable[[Cell, StepRecord], None]
+# The box's screen of an observation (edge.runtime.PolicySession.screen): None, the policy
+# acts; a Fallback, the cell's fallback (the operator) drives this step instead.
+Screen = Callable[[np.ndarray], Fallback | None]
 
 
 class Operator:
@@ -90,6 +95,11 @@ class Operator:
             return corrected
         return None
 
+    def drive(self, cell: Cell) -> np.ndarray:
+        """The box handed the step over (out of distribution, poor perception): the operator
+        drives it, whatever they were about to do."""
+        return self.expert.act(cell.true_state())
+
 
 def _disagree(a: np.ndarray, b: np.ndarray, cos_limit: float) -> bool:
     na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
@@ -116,7 +126,10 @@ def run_episode(
     world: World | None = None,
     observers: tuple[StepObserver, ...] = (),
     label_with_expert: bool = False,
+    screen: Screen | None = None,
 ) -> EpisodeResult:
+    """`screen`: the box's per-step check; a step it refuses goes to the operator (or, with
+    no operator, to the expert as the rule controller) and counts as an intervention."""
     cell.reset(seed, episode_index, shift_episodes, world=world)
     labeller = Expert() if label_with_expert else None
     if operator:
@@ -125,8 +138,13 @@ def run_episode(
     was_intervening = False
     while True:
         obs, time_s = cell.observation(), cell.time_s
-        proposed = propose(controller, cell)
-        corrected = operator.decide(proposed, cell) if operator else None
+        fallback = screen(obs) if screen else None
+        if fallback is not None:
+            corrected = operator.drive(cell) if operator else Expert().act(cell.true_state())
+            proposed = corrected
+        else:
+            proposed = propose(controller, cell)
+            corrected = operator.decide(proposed, cell) if operator else None
         intervening = corrected is not None
         takeovers += intervening and not was_intervening
         takeover_steps += intervening
@@ -135,7 +153,15 @@ def run_episode(
         commanded = np.clip(corrected if intervening else proposed, -1.0, 1.0)
         result = cell.step(commanded)
         record = StepRecord(
-            cell.step_index - 1, time_s, obs, commanded, intervening, corrected, label, result
+            cell.step_index - 1,
+            time_s,
+            obs,
+            commanded,
+            intervening,
+            corrected,
+            label,
+            result,
+            fallback,
         )
         for observe in observers:
             observe(cell, record)

@@ -125,6 +125,7 @@ def line_epoch_ns(box: Path, now_ns: int) -> int:
         return int(json.loads(path.read_text())["epoch_ns"])
     except (OSError, ValueError, KeyError, TypeError):
         pass
+    path.parent.mkdir(parents=True, exist_ok=True)
     temp = path.with_name(f".{path.name}.partial")
     temp.write_text(json.dumps({"epoch_ns": now_ns}) + "\n")
     temp.replace(path)  # a kill mid-write leaves no half-written epoch

@@ -159,7 +159,9 @@ class TrainParams:
 
 @dataclass(frozen=True, config=_STRICT)
 class TrialsParams:
-    episodes: int  # per arm, in one attempt (docs/operations.md, the cell contract)
+    # the cap per arm in one attempt (docs/operations.md, the cell contract); the sequential
+    # gate (docs/gate.md) usually stops the trials before it
+    max_episodes: PositiveInt
     timeout_s: PositiveFloat  # a request not complete by then is withdrawn: no promotion
     poll_s: PositiveFloat  # the loop ingests and checks for completion this often
 
@@ -171,11 +173,24 @@ CellId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0
 @dataclass(frozen=True, config=_STRICT)
 class FleetParams:
     cells: Annotated[tuple[CellId, ...], Field(min_length=1)]  # `realloop loop` without --cell
+    # Staged rollout (flows/rollout.py): None, every cell gets its own candidate; a cell id, the
+    # fleet cycle trains and trials on that cell only and the others get its model after its
+    # health window passed.
+    canary: CellId | None
+    health_timeout_s: PositiveFloat  # seconds: no whole health window by then, rollout stops
+
+    def __post_init__(self) -> None:
+        if self.canary is not None and self.canary not in self.cells:
+            raise ValueError(f"canary {self.canary} is not one of fleet.cells {list(self.cells)}")
 
 
 @dataclass(frozen=True, config=_STRICT)
 class GateParams:
-    confidence: float
+    # docs/gate.md: the sequential non-inferiority test of candidate vs incumbent
+    alpha: Annotated[float, Field(gt=0, lt=0.5)]  # one-sided error: a worse candidate passes
+    margin: Annotated[float, Field(ge=0, lt=1)]  # success rate (absolute) it may lose
+    looks: PositiveInt  # planned looks, evenly spaced up to trials.max_episodes per arm
+    futility_power: Annotated[float, Field(ge=0, lt=1)]  # stop below this conditional power
     cycle_time_budget_s: float
 
 
@@ -183,6 +198,12 @@ class GateParams:
 class PromoteParams:
     channel: str
     alias_suffix: str
+    keys: str  # the TUF keys folder (root kept in its offline/), relative to the workspace
+    timestamp_expiry_s: float  # seconds a signed timestamp stays valid: a box refuses older
+    # Sign-off (flows/approval.py): after a passing gate the loop pauses for a person's
+    # approve/reject in the Prefect UI; no answer within approval_timeout_s (seconds) rejects.
+    require_approval: bool
+    approval_timeout_s: PositiveInt
 
 
 @dataclass(frozen=True, config=_STRICT)
@@ -223,6 +244,17 @@ class TriageParams:
     max_tracking_error_mps: float  # ...or RMS velocity tracking error above this
     slide_speed_mps: float  # the part moves, and this fast relative to the pusher: it slides
     max_slide_m: float  # physics: the part moved this far other than with the pusher
+    # Capture snapshots (docs/triage.md, "Snapshots"): the table spans +-this (m) in the image;
+    # a part whose drawn radius is further than part_radius_tolerance_m (m) from half the
+    # nominal extent is another part; the camera's offset is fitted from at least
+    # min_snapshots snapshots, and a standard part is taken to tolerate an offset up to
+    # max_camera_offset_m (m); a box that swings round further than max_box_turn_rad was
+    # chased round the table, which a cylinder would have been too.
+    snapshot_half_width_m: float
+    part_radius_tolerance_m: float
+    min_snapshots: int
+    max_camera_offset_m: float
+    max_box_turn_rad: float
     worst_per_class: int  # worst episodes listed per class
     queue_length: int  # captures listed in the human report (JSON lists all)
 
@@ -261,6 +293,23 @@ class DemoParams:  # `make demo`: reference cells as processes, the loop until e
 
 
 @dataclass(frozen=True, config=_STRICT)
+class EdgeParams:
+    """The box's runtime (edge/runtime.py) and its health check after each activation."""
+
+    # Production episodes after an activation that the health check judges (success rate
+    # against the attested trial interval's lower end; a safety stop fails it at once).
+    health_episodes: PositiveInt
+    # Share of in-distribution steps the OOD score may flag: its threshold is this upper
+    # quantile of the score on held-out training observations.
+    ood_false_alarm: Annotated[float, Field(gt=0.0, lt=1.0)]
+    # Perception confidence (0..1) below which the box hands the step to the fallback.
+    min_confidence: Annotated[float, Field(ge=0.0, le=1.0)]
+    # false: the box runs the policy on every step, screen off (a sim policy on the line hands
+    # most steps to the operator: docs/operations.md, The box's runtime).
+    fallback: bool
+
+
+@dataclass(frozen=True, config=_STRICT)
 class Params:
     cell: CellParams
     pretrain: PretrainParams
@@ -278,6 +327,7 @@ class Params:
     calibrate: CalibrateParams
     simulator: SimulatorParams
     demo: DemoParams
+    edge: EdgeParams
 
 
 def load_params(path: str | Path = DEFAULT_PARAMS) -> Params:

@@ -3,14 +3,24 @@ lineage."""
 
 from pipelines.release.gate import decide, trial_stats
 from pipelines.release.lineage import SOURCE_INDEX, file_lineage, model_lineage
-from pipelines.release.promote import channel_location, production_alias, promote
+from pipelines.release.promote import (
+    attest_gate,
+    channel_location,
+    keys_location,
+    named_decision,
+    production_alias,
+    promote,
+)
 
 __all__ = [
     "SOURCE_INDEX",
+    "attest_gate",
     "channel_location",
     "decide",
     "file_lineage",
+    "keys_location",
     "model_lineage",
+    "named_decision",
     "production_alias",
     "promote",
     "trial_stats",

@@ -1,19 +1,27 @@
 """The promotion gate: a candidate reaches the cell only on hardware-trial evidence.
 
 Three conditions, all required (no gate, no promotion):
-- its success rate is convincingly no worse than the incumbent's: the lower bound of the
-  candidate's Wilson score interval is at least the incumbent's observed success rate;
-- zero safety stops in its trials;
+- its success rate is convincingly no worse than the incumbent's by more than `gate.margin`:
+  the sequential non-inferiority test (pipelines/release/sequential.py) on the interleaved
+  trial episodes, both arms' sampling error counted, stopped for efficacy at error rate
+  `gate.alpha`; superiority (no margin) is reported beside it, never required;
+- zero safety stops in its trials (the first one ends the trials);
 - its p95 cycle time is within the cell's budget.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute
+
+from pipelines.contract.params import GateParams
+from pipelines.release.sequential import CONTINUE, EFFICACY, Design, run_looks, score_statistic
+
+SAFETY = "safety"  # a stop of the sequential test: the candidate had a safety stop
 
 
 @dataclass(frozen=True)
@@ -25,7 +33,7 @@ class TrialStats:
     successes: int
     safety_stops: int
     p95_cycle_time_s: float | None  # None: no episode to time
-    confidence: float = 0.95
+    confidence: float = 0.90  # of the descriptive Wilson interval (two-sided 1 - 2 alpha)
 
     @classmethod
     def from_episodes(
@@ -34,7 +42,7 @@ class TrialStats:
         success: list[bool],
         safety_stops: int,
         cycle_times_s: list[float],
-        confidence: float = 0.95,
+        confidence: float = 0.90,
     ) -> TrialStats:
         if not success:
             raise ValueError(f"{policy}: no trial episodes to judge")
@@ -47,6 +55,7 @@ class TrialStats:
 
     @property
     def interval(self) -> tuple[float, float]:
+        """Wilson interval of this arm alone: a description; the test is two-arm."""
         from scipy.stats import binomtest  # scipy takes 0.6 s to import; only the gate needs it
 
         ci = binomtest(self.successes, self.n).proportion_ci(self.confidence, method="wilson")
@@ -64,30 +73,112 @@ class GateDecision:
     candidate: dict
     incumbent: dict
     cycle_time_budget_s: float
+    stopped: str  # efficacy, futility, cap or safety
+    episodes_used: int  # per arm
+    max_episodes: int  # the cap the request named
+    margin: float
+    alpha: float
+    statistic: float  # non-inferiority score statistic at the deciding look
+    bound: float | None  # its efficacy boundary there (None: stopped by a safety stop)
+    superiority: dict  # statistic, bound, shown: reported, never required
 
     def as_record(self) -> dict:
         return asdict(self)
 
 
+def design(gate: GateParams, max_episodes: int) -> Design:
+    return Design(gate.alpha, gate.margin, gate.looks, gate.futility_power, max_episodes)
+
+
+def sequential_stop(
+    plan: Design,
+    candidate_success: Sequence[bool],
+    incumbent_success: Sequence[bool],
+    candidate_stops: Sequence[int],
+) -> tuple[str, int]:
+    """(why the trials stop, episodes per arm used), or (continue, pairs so far), on the
+    episodes of each arm in the order they ran. The answer depends only on the episodes, never
+    on when someone looked: a look counts once both arms reach its planned size, and a
+    candidate safety stop ends the trials at its pair unless a look decided before it."""
+    pairs = min(len(candidate_success), len(incumbent_success))
+    sizes = plan.look_sizes()
+    reached = sizes[sizes <= pairs]
+    first_stop = next((i + 1 for i, s in enumerate(candidate_stops[:pairs]) if s), None)
+    if len(reached):
+        cumulative = [
+            np.cumsum(np.asarray(x[:pairs], dtype=int))
+            for x in (candidate_success, incumbent_success)
+        ]
+        looks = run_looks(plan, *(c[reached - 1][None, :] for c in cumulative))
+        outcome, used = str(looks.outcome[0]), int(looks.pairs[0])
+        if outcome != CONTINUE and (first_stop is None or used < first_stop):
+            return outcome, used
+    if first_stop is not None:
+        return SAFETY, first_stop
+    return CONTINUE, pairs
+
+
 def decide(
-    candidate: TrialStats, incumbent: TrialStats, cycle_time_budget_s: float
+    candidate: pa.Table, incumbent: pa.Table, gate: GateParams, max_episodes: int
 ) -> GateDecision:
-    """Apply every condition and say why, pass or fail, in words a reviewer can check."""
-    low, _ = candidate.interval
+    """Apply every condition and say why, pass or fail, in words a reviewer can check. Each
+    table is one arm's trial episodes in the order they ran; the sequential test picks how
+    many of them count. Raises while the test has not decided yet."""
+    plan = design(gate, max_episodes)
+    success = [t.column("success").to_pylist() for t in (candidate, incumbent)]
+    stops = candidate.column("safety_stops").to_pylist()
+    stopped, used = sequential_stop(plan, *success, stops)
+    if stopped == CONTINUE:
+        raise ValueError(
+            f"the sequential test has not decided on {used} episodes per arm "
+            f"(looks at {plan.look_sizes().tolist()}); wait for more trial episodes"
+        )
+    arms = [trial_stats(t.slice(0, used), 1 - 2 * gate.alpha) for t in (candidate, incumbent)]
+    statistic, bound, superiority = _statistics(plan, arms[0], arms[1], stopped, used)
     checks = [
-        (
-            low >= incumbent.success_rate,
-            f"success lower bound {low:.3f} (Wilson {candidate.confidence:.0%}) "
-            f"{'>=' if low >= incumbent.success_rate else '<'} incumbent success "
-            f"{incumbent.success_rate:.3f}",
-        ),
-        (candidate.safety_stops == 0, f"{candidate.safety_stops} safety stops (0 allowed)"),
-        _cycle_time_check(candidate.p95_cycle_time_s, cycle_time_budget_s),
+        _non_inferiority_check(stopped, statistic, bound, used, gate),
+        (arms[0].safety_stops == 0, f"{arms[0].safety_stops} safety stops (0 allowed)"),
+        _cycle_time_check(arms[0].p95_cycle_time_s, gate.cycle_time_budget_s),
     ]
-    passed = all(ok for ok, _ in checks)
-    reasons = [("pass: " if ok else "FAIL: ") + why for ok, why in checks]
     return GateDecision(
-        passed, reasons, candidate.as_record(), incumbent.as_record(), cycle_time_budget_s
+        passed=all(ok for ok, _ in checks),
+        reasons=[("pass: " if ok else "FAIL: ") + why for ok, why in checks],
+        candidate=arms[0].as_record(),
+        incumbent=arms[1].as_record(),
+        cycle_time_budget_s=gate.cycle_time_budget_s,
+        stopped=stopped,
+        episodes_used=used,
+        max_episodes=max_episodes,
+        margin=gate.margin,
+        alpha=gate.alpha,
+        statistic=statistic,
+        bound=bound,
+        superiority=superiority,
+    )
+
+
+def _statistics(plan: Design, candidate, incumbent, stopped: str, used: int):
+    """The non-inferiority and superiority statistics at the deciding look, with the
+    boundary there (superiority against the same boundary: tested only after non-inferiority,
+    so it spends no extra error)."""
+    sizes = plan.look_sizes().tolist()
+    bound = float(plan.bounds()[sizes.index(used)]) if used in sizes else None
+    counts = (candidate.successes, incumbent.successes, used)
+    ni = float(score_statistic(*counts, plan.margin))
+    sup = float(score_statistic(*counts, 0.0))
+    shown = stopped == EFFICACY and bound is not None and sup >= bound
+    return ni, bound, {"statistic": sup, "bound": bound, "shown": shown}
+
+
+def _non_inferiority_check(stopped, statistic, bound, used, gate) -> tuple[bool, str]:
+    where = f"after {used} episodes per arm"
+    if stopped == SAFETY:
+        return False, f"trials stopped by a candidate safety stop {where}: not judged"
+    verdict = "no worse" if stopped == EFFICACY else f"not shown no worse ({stopped})"
+    sign = ">=" if stopped == EFFICACY else "<"
+    return stopped == EFFICACY, (
+        f"{verdict} than the incumbent by more than {gate.margin:.3f} {where}: "
+        f"score {statistic:.2f} {sign} boundary {bound:.2f} (alpha {gate.alpha})"
     )
 
 
@@ -98,7 +189,7 @@ def _cycle_time_check(p95: float | None, budget: float) -> tuple[bool, str]:
     return within, f"p95 cycle time {p95:.2f} s {'<=' if within else '>'} budget {budget:.2f} s"
 
 
-def trial_stats(episodes: pa.Table, confidence: float = 0.95) -> TrialStats:
+def trial_stats(episodes: pa.Table, confidence: float = 0.90) -> TrialStats:
     """Trial statistics from ingested trial episodes: the gate judges what the logs say.
 
     The cycle-time percentile is over successful episodes: a failure runs to the timeout, and

@@ -1,10 +1,15 @@
-"""Promotion: a candidate that passed the gate goes to the cell's edge channel.
+"""Promotion: a candidate with a passing, signed gate attestation goes to the cell's channel.
 
-No gate, no promotion: on a failed (or malformed) gate decision nothing is published and the
-registry alias stays where it was. On a pass the policy's two files are published as a bundle
-for the cell (edge.channels.publish_bundle: every file with its sha256, then the cell's
-CURRENT.json pointer in one atomic write), and then the cell's registry alias
-`<cell_id><suffix>` is moved to the version. Each cell has its own channel path and alias.
+No gate, no promotion: `promote` takes the gate's attestation (a DSSE envelope signed by the
+gate key, edge.attestation), never a verdict a caller asserts. It verifies the signature, the
+verdict and that the attested model is exactly the registered version's weights; otherwise
+nothing is published and the registry alias stays. A person's decision (an override, a
+rollback, an approval after the gate) is named, with who, when and why, in the registry's
+version tags and in the signed release on the channel.
+
+On a pass the policy folder's files are published as a signed TUF release for the cell
+(edge.release.publish_release: targets, the cell's metadata, snapshot, the timestamp last),
+and then the cell's registry alias `<cell_id><suffix>` is moved to the version.
 
 Publish first, alias second: the alias says which model the cell runs, and the next cycle
 records with it and gates against it, so it must never name a model that did not reach the
@@ -13,15 +18,20 @@ channel. Both steps are idempotent; a crash between them is completed by running
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import getpass
+import os
 from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from edge.bundle import CONFIG_FILE, MODEL_FILE
-from edge.channels import publish_bundle
+from edge.attestation import sign_gate_attestation, verify_gate_attestation
+from edge.bundle import MODEL_FILE, check_name
+from edge.errors import EdgeError
 from edge.integrity import sha256_file
+from edge.keys import GATE, load_public, load_signer, public_path
+from edge.release import GATED_KINDS, check_decision, publish_release
 from pipelines.contract.params import PromoteParams
 from pipelines.training import (
     POLICY_SHA256_TAG,
@@ -36,48 +46,46 @@ class PromotionResult:
     promoted: bool
     reasons: list[str]
     alias: str | None  # the registry alias moved to the version
-    channel: str | None  # where the bundle was published
-    bundle: dict[str, Any] | None  # its manifest
+    channel: str | None  # where the release was published
+    bundle: dict[str, Any] | None  # the signed release description
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 def promote(
-    decision: Any,
+    attestation: bytes | None,
     cell_id: str,
     params: PromoteParams,
     registered_model: str,
     version: str,
     run_id: str,
     policy_folder: Path,
-    dataset_version: str,
-    signing_key: Path | None = None,
+    dataset_version: str | None,
     *,
+    decision: dict[str, Any] | None = None,
     workspace: Path | None = None,
 ) -> PromotionResult:
-    """Publish the gated version to `params.channel` for `cell_id` and point its alias at it.
+    """Publish the version to `params.channel` for `cell_id`, signed, and point its alias at it.
 
-    `decision` is a GateDecision or its record (a dict with `passed` and `reasons`); only
-    `passed is True` promotes. The bundle carries the model name and version, the dataset
-    version, the MLflow run id and the whole gate record. `policy_folder` must hold exactly the
-    registered version's weights (checked against the registry's sha256), so a bundle can never
-    claim a version it is not. The registry is the one of `workspace` (default: the workspace
-    in use, see pipelines.training.tracking), and a relative local channel is taken relative to it.
+    `attestation`: the gate's DSSE envelope for these weights; required unless `decision` is an
+    override or a rollback (a dict with kind, by, at, reason; kind "approval" is a sign-off on
+    top of a passing gate). `policy_folder` must hold exactly the registered version's weights
+    (checked against the registry's sha256). The registry is the one of `workspace` (default:
+    the workspace in use); a relative channel or keys folder is taken relative to it.
     """
-    gate = _gate_record(decision)
-    reasons = [str(reason) for reason in gate.get("reasons", [])]
-    if gate.get("passed") is not True:
-        reasons.append("not promoted: the gate did not pass; channel and alias are unchanged")
-        return PromotionResult(False, reasons, None, None, None)
-
-    # A policy folder and a bundle use the same two file names
-    # (pipelines.training.policy, edge.bundle).
-    files = {name: Path(policy_folder) / name for name in (MODEL_FILE, CONFIG_FILE)}
+    decision = check_decision(dict(decision or {"kind": "gate"}))
+    keys_dir = keys_location(params.keys, workspace)
+    files = bundle_files(Path(policy_folder))
     check_is_registered_version(workspace, registered_model, version, run_id, files)
+    if decision["kind"] in GATED_KINDS:
+        refused = _refused_attestation(attestation, keys_dir, files)
+        if refused:
+            return PromotionResult(False, [refused], None, None, None)
     channel = channel_location(params.channel, workspace)
-    manifest = publish_bundle(
+    release = publish_release(
         channel,
+        keys_dir,
         cell_id,
         files,
         metadata={
@@ -85,17 +93,83 @@ def promote(
             "model_version": _version_number(version),
             "dataset_version": dataset_version,
             "mlflow_run_id": run_id,
-            "gate": gate,
         },
-        signing_key=signing_key,
+        decision=decision,
+        attestation=attestation,
+        timestamp_expiry_s=params.timestamp_expiry_s,
     )
+    if decision["kind"] != "gate":
+        record_decision(registered_model, version, run_id, cell_id, decision, workspace=workspace)
     alias = production_alias(cell_id, params)
     set_production_alias(registered_model, alias, version, workspace=workspace)
-    reasons.append(
-        f"promoted: {registered_model} version {version} published as bundle "
-        f"{manifest['bundle_id']} for {cell_id}; alias {alias} -> version {version}"
+    reasons = [
+        f"promoted ({decision['kind']}): {registered_model} version {version} published as "
+        f"signed release {release['bundle_id']} for {cell_id}; alias {alias} -> version {version}"
+    ]
+    return PromotionResult(True, reasons, alias, channel, release)
+
+
+def attest_gate(record: dict[str, Any], policy_folder: Path, keys_dir: Path) -> bytes:
+    """The gate's verdict on the candidate in `policy_folder`, signed with the gate key: an
+    in-toto statement whose subject is its model.safetensors and whose predicate holds the
+    trial request, both arms' statistics, the verdict and the reasons."""
+    predicate = {
+        "request_id": record.get("trial_request_id"),
+        "attempt": record.get("trial_attempt"),
+        "episodes_per_arm": record.get("episodes_per_arm"),
+        "bundles": record.get("arms"),
+        "arms": {"candidate": record.get("candidate"), "incumbent": record.get("incumbent")},
+        "stopped": record.get("stopped"),  # how the sequential test ended
+        "verdict": "pass" if record.get("passed") is True else "fail",
+        "reasons": [str(reason) for reason in record.get("reasons", [])],
+    }
+    model = sha256_file(Path(policy_folder) / MODEL_FILE)
+    return sign_gate_attestation(model, predicate, load_signer(keys_dir, GATE))
+
+
+def named_decision(kind: str, reason: str, by: str | None = None) -> dict[str, Any]:
+    """A person's decision: who (`by`, else REALLOOP_USER, else the login name), now, why."""
+    return check_decision(
+        {
+            "kind": kind,
+            "by": by or os.environ.get("REALLOOP_USER") or getpass.getuser(),
+            "at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "reason": reason,
+        }
     )
-    return PromotionResult(True, reasons, alias, channel, manifest)
+
+
+def decision_tags(cell_id: str, decision: dict[str, Any]) -> dict[str, str]:
+    """The registry's record of a named decision: `<kind>`=true, `<kind>_by`, `_at`,
+    `_reason` and `_cell` (e.g. override_by), on the version and on its run."""
+    kind = decision["kind"]
+    return {
+        kind: "true",
+        f"{kind}_by": str(decision["by"]),
+        f"{kind}_at": str(decision["at"]),
+        f"{kind}_reason": str(decision["reason"]),
+        f"{kind}_cell": cell_id,
+    }
+
+
+def record_decision(
+    registered_model: str,
+    version: str,
+    run_id: str,
+    cell_id: str,
+    decision: dict[str, Any],
+    *,
+    workspace: Path | None = None,
+) -> None:
+    """The decision's tags on the version and its run, and the whole record as the run's
+    `<kind>.json`: what a reviewer sees in the MLflow UI."""
+    from pipelines.training.tracking import mlflow_client
+
+    client = mlflow_client(workspace)
+    for key, value in decision_tags(cell_id, decision).items():
+        client.set_model_version_tag(registered_model, str(version), key, value)
+        client.set_tag(run_id, key, value)
+    client.log_dict(run_id, decision, f"{decision['kind']}.json")
 
 
 def production_alias(cell_id: str, params: PromoteParams) -> str:
@@ -103,14 +177,34 @@ def production_alias(cell_id: str, params: PromoteParams) -> str:
     return f"{cell_id}{params.alias_suffix}"
 
 
-def _gate_record(decision: Any) -> dict[str, Any]:
-    record = decision.as_record() if hasattr(decision, "as_record") else decision
-    if not isinstance(record, Mapping) or "passed" not in record:
-        raise TypeError(
-            f"gate decision: expected a GateDecision or a record with 'passed' and 'reasons', "
-            f"got {type(decision).__name__}"
-        )
-    return dict(record)
+def bundle_files(policy_folder: Path) -> dict[str, Path]:
+    """Every file of the policy folder (weights, config, and the edge files when present:
+    policy.onnx, ood.json): they travel and are signed together."""
+    files = {
+        path.name: path
+        for path in sorted(Path(policy_folder).iterdir())
+        if path.is_file() and not path.name.startswith(".")
+    }
+    for name in files:
+        check_name(name, f"{policy_folder}: file name")
+    if MODEL_FILE not in files:
+        raise ValueError(f"{policy_folder}: no {MODEL_FILE}; not a policy folder")
+    return files
+
+
+def _refused_attestation(
+    attestation: bytes | None, keys_dir: Path, files: dict[str, Path]
+) -> str | None:
+    """Why the attestation does not allow promoting these weights, or None when it does."""
+    suffix = "; not promoted: channel and alias are unchanged"
+    if attestation is None:
+        return f"no gate attestation for {files[MODEL_FILE]}{suffix}"
+    gate_key = load_public(public_path(keys_dir, GATE))
+    try:
+        verify_gate_attestation(attestation, [gate_key], sha256_file(files[MODEL_FILE]))
+    except EdgeError as exc:
+        return f"{exc}{suffix}"
+    return None
 
 
 def check_is_registered_version(
@@ -141,7 +235,12 @@ def channel_location(channel: str, workspace: Path | None) -> str:
     return str(current_workspace(workspace) / channel)
 
 
+def keys_location(keys: str, workspace: Path | None) -> Path:
+    """The keys folder, relative to the workspace unless absolute."""
+    return current_workspace(workspace) / keys
+
+
 def _version_number(version: str) -> int | str:
-    """Registry versions are whole numbers; the manifest carries them as such."""
+    """Registry versions are whole numbers; the release carries them as such."""
     text = str(version)
     return int(text) if text.isdigit() else text

@@ -3,7 +3,7 @@ run per stage: "finetune cell-07 cycle 3" (tracking.start_finetune_run), "trials
 cycle 3" and "gate cell-07 cycle 3" (the gate's verdict and the promotion).
 
 The trial and gate figures that decide promotion are metrics (`trial/candidate_success`,
-`gate/lower_bound`, ...; `trial_gate_metrics`): on the candidate's fine-tune run, where
+`gate/statistic`, ...; `trial_gate_metrics`): on the candidate's fine-tune run, where
 `registry.record_gate` puts them as the gate judges, and, when the cycle ends, on the
 trials or gate child and on the parent, so the experiment's runs sort and chart by them.
 Every name is listed in docs/tracking.md.
@@ -42,6 +42,16 @@ ARM_FIGURES = {
 }
 WAITED_METRIC = "trial/waited_s"
 PROMOTED_METRIC = "gate/promoted"
+# metric -> the gate record's field (pipelines.release.gate.GateDecision)
+GATE_FIGURES = {
+    "gate/statistic": "statistic",
+    "gate/bound": "bound",
+    "gate/noninferiority_margin": "margin",
+    "gate/alpha": "alpha",
+    "gate/episodes_used": "episodes_used",
+    "gate/max_episodes": "max_episodes",
+    "gate/cycle_time_budget_s": "cycle_time_budget_s",
+}
 
 
 def cycle_run_name(cycle: int, cell_id: str) -> str:
@@ -55,10 +65,12 @@ def stage_run_name(stage: str, cell_id: str, cycle: int | None) -> str:
 
 def trial_gate_metrics(gate_record: Mapping[str, Any]) -> dict[str, float]:
     """The figures of a gate record as metrics: per arm trial/<arm>_episodes, _successes,
-    _success (rate), _success_low and _success_high (its Wilson interval), _safety_stops and
-    _p95_cycle_time_s (absent without a successful episode); gate/passed (1 or 0),
-    gate/lower_bound (the candidate's interval low), gate/incumbent_success (what the bound
-    must reach), gate/margin (the difference), gate/confidence, gate/cycle_time_budget_s."""
+    _success (rate), _success_low and _success_high (its interval, descriptive), _safety_stops
+    and _p95_cycle_time_s (absent without a successful episode); gate/passed (1 or 0) and the
+    sequential test's figures (pipelines.release.gate): gate/statistic and gate/bound (the
+    non-inferiority score statistic and its efficacy boundary at the deciding look),
+    gate/noninferiority_margin, gate/alpha, gate/episodes_used and gate/max_episodes (per arm),
+    gate/superiority (1 or 0, reported, never required), gate/cycle_time_budget_s."""
     metrics: dict[str, float] = {}
     for arm in ARMS:
         stats = gate_record.get(arm) or {}
@@ -70,16 +82,12 @@ def trial_gate_metrics(gate_record: Mapping[str, Any]) -> dict[str, float]:
             metrics[f"trial/{arm}_success_low"] = float(low)
             metrics[f"trial/{arm}_success_high"] = float(high)
     metrics["gate/passed"] = 1.0 if gate_record.get("passed") is True else 0.0
-    low = metrics.get("trial/candidate_success_low")
-    bar = metrics.get("trial/incumbent_success")
-    if low is not None and bar is not None:
-        metrics.update({"gate/lower_bound": low, "gate/incumbent_success": bar})
-        metrics["gate/margin"] = low - bar
-    candidate = gate_record.get("candidate") or {}
-    if isinstance(candidate.get("confidence"), int | float):
-        metrics["gate/confidence"] = float(candidate["confidence"])
-    if isinstance(gate_record.get("cycle_time_budget_s"), int | float):
-        metrics["gate/cycle_time_budget_s"] = float(gate_record["cycle_time_budget_s"])
+    for metric, key in GATE_FIGURES.items():
+        if isinstance(gate_record.get(key), int | float):
+            metrics[metric] = float(gate_record[key])
+    superiority = gate_record.get("superiority") or {}
+    if isinstance(superiority.get("shown"), bool):
+        metrics["gate/superiority"] = 1.0 if superiority["shown"] else 0.0
     return metrics
 
 

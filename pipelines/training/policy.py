@@ -8,6 +8,8 @@ run code.
 from __future__ import annotations
 
 import json
+import shutil
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -85,13 +87,25 @@ class Policy:
         return self.net(torch.from_numpy(obs)).numpy().astype(float)
 
 
-def save_policy(net: PolicyNet, folder: str | Path) -> Path:
-    """Write weights and config; the folder appears complete or not at all."""
+def save_policy(
+    net: PolicyNet, folder: str | Path, extra: Callable[[Path], object] | None = None
+) -> Path:
+    """Write weights and config; the folder appears complete or not at all. `extra` writes
+    more files into the staging folder first (the edge files: pipelines.training.onnx_export);
+    if it raises, nothing is written."""
     folder = Path(folder)
     staging = folder.with_name(folder.name + ".partial")
-    staging.mkdir(parents=True, exist_ok=True)
+    if staging.exists():
+        shutil.rmtree(staging)  # a killed save's leftovers: never mixed into this one
+    staging.mkdir(parents=True)
     save_file({k: v.contiguous() for k, v in net.state_dict().items()}, staging / WEIGHTS_FILE)
     (staging / CONFIG_FILE).write_text(json.dumps(asdict(net.config), indent=2) + "\n")
+    if extra is not None:
+        try:
+            extra(staging)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
     if folder.exists():
         _replace_dir(staging, folder)
     else:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
+from edge.runtime import EXPORT_FILE, ONNX_FILE, OOD_FILE
 from pipelines.training.mlflow_context import in_process_store
 from pipelines.training.tracking import (
     BASE_POLICY_TAG,
@@ -48,6 +49,7 @@ from pipelines.training.model_card import model_card
 POLICY_ARTIFACT_DIR = "policy"  # where versions registered before logged models keep them
 LOGGED_MODEL_NAME = "policy"  # the logged model's name in its run
 MODEL_ARTIFACTS_DIR = "artifacts"  # where an MLflow model keeps the files it was given
+EDGE_FILES = (ONNX_FILE, OOD_FILE, EXPORT_FILE)  # what the box's runtime needs besides weights
 GATE_ARTIFACT = "gate.json"
 # The weights' sha256, kept on a model version so a version answers lineage questions alone.
 POLICY_SHA256_TAG = "policy.sha256"
@@ -158,6 +160,9 @@ def log_policy_model(
             artifacts={
                 mlflow_model.WEIGHTS_ARTIFACT: str(policy_folder / WEIGHTS_FILE),
                 mlflow_model.CONFIG_ARTIFACT: str(policy_folder / CONFIG_FILE),
+                # The edge files travel with the version: a release made from the registry
+                # (rollback, override) must carry what the box's runtime needs.
+                **{name: str(policy_folder / name) for name in _edge_files(policy_folder)},
             },
             signature=policy_signature(),
             input_example=example,
@@ -197,7 +202,7 @@ def record_gate(
     """Keep the gate's verdict on the model version (tags: gate.passed, gate.reasons and the
     numbers behind them; the model card rewritten with the trials and the verdict), its
     figures as metrics of the run (`cycle_runs.trial_gate_metrics`: trial/candidate_success,
-    gate/lower_bound, ...) and the whole record as `gate.json` on the run."""
+    gate/statistic, ...) and the whole record as `gate.json` on the run."""
     from mlflow.entities import Metric
 
     client = mlflow_client(workspace)
@@ -304,8 +309,9 @@ def _no_such_version(client: MlflowClient, registered_model: str, version: str) 
 def download_policy(
     registered_model: str, version: str, dest: Path, *, workspace: Path | None = None
 ) -> Path:
-    """Fetch the version's weights and config into the folder `dest` (replacing it), after
-    checking the weights' sha256 against the registry and that the policy loads."""
+    """Fetch the version's weights and config, and its edge files (policy.onnx, ood.json,
+    export.json) when it was registered with them, into the folder `dest` (replacing it),
+    after checking the weights' sha256 against the registry and that the policy loads."""
     # policy brings torch: imported here so that reading the registry never waits for it
     from pipelines.training.policy import CONFIG_FILE, WEIGHTS_FILE, load_policy
 
@@ -317,12 +323,15 @@ def download_policy(
     staging = dest.with_name(dest.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
+    uri = tracking_uri(current_workspace(workspace))
     try:
-        for name in (WEIGHTS_FILE, CONFIG_FILE):
+        stored = {
+            Path(f.path).name for f in mlflow.artifacts.list_artifacts(root, tracking_uri=uri)
+        }
+        edge = [name for name in EDGE_FILES if name in stored]  # older versions have none
+        for name in (WEIGHTS_FILE, CONFIG_FILE, *edge):
             mlflow.artifacts.download_artifacts(
-                artifact_uri=f"{root}/{name}",
-                dst_path=str(staging),
-                tracking_uri=tracking_uri(current_workspace(workspace)),
+                artifact_uri=f"{root}/{name}", dst_path=str(staging), tracking_uri=uri
             )
         expected = info.tags.get(POLICY_SHA256_TAG)
         actual = _sha256(staging / WEIGHTS_FILE)
@@ -337,6 +346,10 @@ def download_policy(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return dest
+
+
+def _edge_files(policy_folder: Path) -> list[str]:
+    return [name for name in EDGE_FILES if (Path(policy_folder) / name).is_file()]
 
 
 def policy_files_uri(source: str, *, workspace: Path | None = None) -> str:

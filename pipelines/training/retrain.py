@@ -13,10 +13,12 @@ from pipelines.contract.params import Params
 from pipelines.ingest import read_dataset
 from pipelines.training.cycle_runs import stage_run_name, start_cycle_run
 from pipelines.training.finetune import TrainingSet, finetune, training_examples
-from pipelines.training.policy import load_policy, save_policy
+from pipelines.training.onnx_export import save_policy_for_edge
+from pipelines.training.policy import load_policy
 from pipelines.training.registry import register_policy
 from pipelines.training.tracking import (
     EpochLogger,
+    log_edge_export,
     log_learning_curve,
     log_training_batches,
     start_finetune_run,
@@ -77,7 +79,10 @@ def fine_tune_and_register(
                 base_policy.net, data, train, version=f"ft-{run_id[:8]}", on_epoch=on_epoch
             )
         log_learning_curve(history)
-        folder = save_policy(net, out)
+        folder, export = save_policy_for_edge(
+            net, out, data.observations, params.edge.ood_false_alarm
+        )
+        log_edge_export(export)
         tags = {"dataset_version": dataset_version, "base_policy": base_policy.name}
         version = register_policy(
             run_id,

@@ -362,6 +362,20 @@ def log_training_batches(
     client.log_dict(run_id, record, TRAINING_BATCHES_ARTIFACT)
 
 
+def log_edge_export(
+    record: Mapping[str, Any], run_id: str | None = None, *, workspace: Path | None = None
+) -> None:
+    """The ONNX export's parity check and OOD threshold (pipelines.training.onnx_export):
+    metrics `onnx_parity_max_abs_diff` and `ood_threshold`, params for the rest."""
+    client = mlflow_client(workspace)
+    run_id = _run_id(run_id)
+    client.log_metric(run_id, "onnx_parity_max_abs_diff", float(record["parity_max_abs_diff"]))
+    client.log_metric(run_id, "ood_threshold", float(record["ood_threshold"]))
+    for key in ("parity_observations", "parity_tolerance", "ood_false_alarm", "onnx_opset"):
+        name = key if key.startswith(("onnx_", "ood_")) else f"onnx_{key}"
+        client.log_param(run_id, name, record[key])
+
+
 # --- internals (the registry shares mlflow_client, quiet_mlflow, flatten and jsonable) ---
 
 

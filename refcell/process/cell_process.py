@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipelines.contract.params import CellParams, RecordParams
+from pipelines.contract.params import CellParams, EdgeParams, RecordParams
 from refcell.cell import Cell
 from refcell.process.clock import NS, CellClock, resumed_start_ns
 from refcell.process.edgebox import IDLE_LOG_S, EdgeBox
@@ -59,8 +59,10 @@ class CellProcess:
         cell_params: CellParams,
         record_params: RecordParams,
         stop: threading.Event | None = None,
+        edge_params: EdgeParams | None = None,
     ):
-        """`cell_params` already carry this cell's id."""
+        """`cell_params` already carry this cell's id. `edge_params`: the box's OOD screen's
+        confidence floor and the health check after each activation (none without)."""
         self.config, self.stop = config, stop or threading.Event()
         box = Path(config.box)
         box.mkdir(parents=True, exist_ok=True)
@@ -76,8 +78,24 @@ class CellProcess:
         )
         self.uploader = LandingUploader(config.landing, box / UPLOADED_DIR, config.cell_id)
         sim = load_world("sim") if config.ground_truth else None
-        self.production = Production(self.line, cell_params, record_params, box, self.uploader, sim)
-        self.box = EdgeBox(config.channel, config.cell_id, box, config.poll_s, config.idle_log_s)
+        self.production = Production(
+            self.line,
+            cell_params,
+            record_params,
+            box,
+            self.uploader,
+            sim,
+            edge_params,
+            roll_back=lambda reason: self.box.roll_back(reason),
+        )
+        self.box = EdgeBox(
+            config.channel,
+            config.cell_id,
+            box,
+            config.poll_s,
+            config.idle_log_s,
+            min_confidence=edge_params.min_confidence if edge_params else 0.0,
+        )
         self.trials = TrialRunner(
             config.channel,
             cell_params,
@@ -170,6 +188,8 @@ class CellProcess:
                 if production.episodes
                 else None
             ),
+            "health": production.health.as_record() if production.health else None,
+            "rollbacks": production.rollbacks,
             "trials": self.trials.reports,
             "uploaded": len(self.uploader.uploaded),
         }

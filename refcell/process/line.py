@@ -20,7 +20,7 @@ from pathlib import Path
 from refcell.cell import Cell
 from refcell.process.clock import NS, CellClock, save_high_water, stamp
 from refcell.recorder import EPISODE_GAP_S, ShiftRecorder
-from refcell.runner import Controller, EpisodeResult, Operator, StepRecord, run_episode
+from refcell.runner import Controller, EpisodeResult, Operator, Screen, StepRecord, run_episode
 from refcell.timeline import Timeline, events_until, line_day, line_epoch_ns, world_on_day
 
 PRODUCTION, TRIAL = "production", "trial"
@@ -102,8 +102,10 @@ class Line:
         recorder: ShiftRecorder,
         operator: Operator | None,
         kind: str,
+        screen: Screen | None = None,
     ) -> EpisodeResult:
-        """One episode in `slot`, recorded by `recorder`, each step paced to the cell clock."""
+        """One episode in `slot`, recorded by `recorder`, each step paced to the cell clock;
+        `screen`: the box's per-step OOD check (refcell.runner.run_episode)."""
         dt_ns = round(self.cell.params.dt * NS)
         recorder.begin_at(slot.start_ns)
 
@@ -119,6 +121,7 @@ class Line:
             shift.episodes,
             operator,
             observers=(recorder, pace),
+            screen=screen,
         )
         self.cursor_ns = slot.start_ns + result.steps * dt_ns + round(EPISODE_GAP_S * NS)
         save_high_water(self.box, self.cursor_ns)

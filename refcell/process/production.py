@@ -4,16 +4,23 @@ Logs are written in place into `<box>/recordings/` (the file grows under its fin
 closed at rotation), and every closed file is uploaded with its captures after the episode
 that closed it. The hidden `.groundtruth/<shift_id>.jsonl` (the true cause of each failure, by
 counterfactual replay) stays on the box for tests.
+
+After each activation the first `edge.health_episodes` production episodes are the new
+model's health window (refcell.process.health): a failure rolls the box back and leaves a
+`rollback` capture on the episode that decided it, uploaded with its log.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from pipelines.contract.params import CellParams, RecordParams
+from pipelines.contract.params import CellParams, EdgeParams, RecordParams
 from refcell.process.edgebox import ActiveModel
+from refcell.process.health import HealthWindow
 from refcell.process.line import PRODUCTION, TRIAL, Line, Shift
 from refcell.process.uploader import LandingUploader
 from refcell.recorder import CellIdentity, ShiftRecorder
@@ -36,8 +43,12 @@ class Production:
         box: Path,
         uploader: LandingUploader,
         sim_world: World | None,
+        edge_params: EdgeParams | None = None,
+        roll_back: Callable[[str], dict[str, Any] | None] | None = None,
     ):
-        """`sim_world` None: no ground truth (the counterfactual replays cost sim time)."""
+        """`sim_world` None: no ground truth (the counterfactual replays cost sim time).
+        `edge_params` and `roll_back` (EdgeBox.roll_back): the health check; without them
+        there is none."""
         self.line, self.cell_params, self.record_params = line, cell_params, record_params
         self.folder = Path(box) / RECORDINGS_DIR
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -45,6 +56,9 @@ class Production:
         self.operator = Operator(record_params.operator)
         self.recorder: ShiftRecorder | None = None
         self.episodes = self.successes = 0
+        self.edge_params, self.roll_back = edge_params, roll_back
+        self.health: HealthWindow | None = None
+        self.rollbacks: list[dict[str, Any]] = []
 
     def recover(self) -> None:
         """Before the first shift: set aside what a killed run left open, upload the rest."""
@@ -54,13 +68,43 @@ class Production:
     def episode(self, model: ActiveModel) -> EpisodeResult:
         slot = self.line.take()
         recorder = self._recorder_for(slot.shift, model.bundle_id)
-        result = self.line.run(slot, model.controller, recorder, self.operator, PRODUCTION)
+        screen = model.screen if self.edge_params is None or self.edge_params.fallback else None
+        result = self.line.run(
+            slot, model.controller, recorder, self.operator, PRODUCTION, screen=screen
+        )
         self.episodes += 1
         self.successes += result.success
         if self.sim_world is not None:
             self._record_truth(slot.shift, recorder.episode.episode_id, result, model)
+        self._check_health(model, result, recorder)
         self.uploader.flush(self.folder, open_file=self._open_file())
         return result
+
+    def _check_health(
+        self, model: ActiveModel, result: EpisodeResult, recorder: ShiftRecorder
+    ) -> None:
+        """Count the episode in the model's health window; on a failure, roll back."""
+        if self.edge_params is None or self.roll_back is None:
+            return
+        if self.health is None or self.health.bundle_id != model.bundle_id:
+            wanted = self.edge_params.health_episodes
+            self.health = HealthWindow(model.bundle_id, wanted, model.lower_bound)
+        reason = self.health.record(result.success, result.safety_stop)
+        if reason is None:
+            return
+        restored = self.roll_back(reason)
+        if restored is None:
+            return  # nothing to go back to: logged by the box; the model keeps running
+        note = f"box rolled back from {model.bundle_id} to {restored['bundle_id']}: {reason}"
+        capture = recorder.capture_after_episode("rollback", note)
+        self.rollbacks.append(
+            {**self.health.as_record(), "restored": restored["bundle_id"], "capture": str(capture)}
+        )
+        # The model restored is the one that ran before: judged already, never rolled back
+        # again (its `previous` is the refused bundle).
+        self.health = HealthWindow(
+            restored["bundle_id"], 0, None, verdict=f"restored by rollback from {model.bundle_id}"
+        )
 
     def end_shift(self, shift: Shift) -> None:
         """Called by the line right after a shift's last episode (production or trial)."""

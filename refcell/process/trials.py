@@ -1,12 +1,16 @@
 """Hardware trials on request (docs/operations.md, section 3).
 
 Between episodes the cell looks for open requests on the channel and runs the oldest one it
-has not completed: both arms' bundles are fetched and verified like a release, then the arms
+has not completed. Requests and both arms' bundles are read through the box's TUF client only
+(edge.trials: `<cell>/trials.json` and the arms' files are targets signed by the cell's key), so
+an unsigned or wrongly signed request or bundle is refused and never run; then the arms
 alternate episode by episode (candidate, incumbent, ...) in the shift's slots, operator off,
 each arm into its own logs whose `realloop` metadata names the request, the arm and the
-attempt. An attempt's logs are uploaded only once all its episodes are recorded; a withdrawn
-request, a stop or a kill abandons the attempt and nothing of it is uploaded. Completed
-requests are remembered in `<box>/trials/<request_id>.done`.
+attempt. The gate is sequential (pipelines.release.sequential): a request names its planned
+looks, and at each look the cell closes the attempt's logs and uploads them, so the loop can
+judge and stop the trials early (it withdraws the request once the gate has decided). A
+withdrawn request, a stop or a kill abandons the attempt: what was recorded since the last look
+is deleted, never uploaded. Completed requests are remembered in `<box>/trials/<request_id>.done`.
 """
 
 from __future__ import annotations
@@ -21,9 +25,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from edge.channels import EdgeError, open_channel
-from edge.trials import ARMS, fetch_arm, open_requests, request_key
+from edge.errors import EdgeError, NothingPublishedError
+from edge.trials import ARMS, fetch_signed_arm, signed_requests
+from edge.tuf_client import SignedChannel
 from pipelines.contract.params import CellParams, RecordParams
+from pipelines.release.sequential import Design
 from refcell.process.clock import stamp
 from refcell.process.line import TRIAL, Line, Shift
 from refcell.process.uploader import LandingUploader
@@ -54,7 +60,7 @@ class TrialRunner:
         poll_s: float,
         monotonic: Callable[[], float] = time.monotonic,
     ):
-        self.channel = open_channel(channel_uri)
+        self.channel_uri, self.box = channel_uri, Path(box)  # the box is enrolled: edgebox
         self.cell_id = cell_params.cell_id
         self.cell_params, self.record_params = cell_params, record_params
         self.folder = Path(box) / TRIALS_DIR
@@ -75,7 +81,7 @@ class TrialRunner:
         self._last_poll = now
         self.deliver_complete()
         try:
-            requests = open_requests(self.channel, self.cell_id)
+            requests = self._signed_requests()
         except EdgeError as exc:
             if str(exc) != self._last_error:
                 log.warning("%s: cannot read trial requests: %s", self.cell_id, exc)
@@ -131,11 +137,12 @@ class TrialRunner:
             arms["incumbent"][0],
         )
         try:
-            outcomes = self._episodes(rid, attempt_id, folder, arms, episodes)
+            looks = _look_sizes(request, episodes)
+            outcomes = self._episodes(rid, attempt_id, folder, arms, episodes, looks)
         except AttemptAbandoned as exc:
             shutil.rmtree(folder, ignore_errors=True)
             log.warning(
-                "%s: trial %s: attempt %s abandoned (%s); nothing uploaded",
+                "%s: trial %s: attempt %s abandoned (%s); nothing since its last look uploaded",
                 self.cell_id,
                 rid,
                 attempt_id,
@@ -158,6 +165,7 @@ class TrialRunner:
         folder: Path,
         arms: dict[str, tuple[str, Controller]],
         episodes: int,
+        looks: set[int],
     ) -> dict[str, dict[str, int]]:
         recorders: dict[str, ShiftRecorder] = {}
         successes = dict.fromkeys(ARMS, 0)
@@ -165,8 +173,7 @@ class TrialRunner:
             for i in range(episodes * len(ARMS)):
                 if self.stop.is_set():
                     raise AttemptAbandoned("the cell is stopping")
-                if not self.channel.exists(request_key(self.cell_id, rid)):
-                    raise AttemptAbandoned("the request was withdrawn from the channel")
+                self._check_still_open(rid)
                 arm = ARMS[i % len(ARMS)]
                 bundle_id, controller = arms[arm]
                 slot = self.line.take()
@@ -184,10 +191,29 @@ class TrialRunner:
                     )
                 result = self.line.run(slot, controller, recorder, None, TRIAL)
                 successes[arm] += result.success
+                pairs, last_arm = divmod(i + 1, len(ARMS))
+                if last_arm == 0 and pairs in looks and pairs < episodes:
+                    self._upload_look(folder, recorders, rid, pairs)
         finally:
             for recorder in recorders.values():
                 recorder.close()
         return {arm: {"episodes": episodes, "successes": successes[arm]} for arm in ARMS}
+
+    def _upload_look(
+        self, folder: Path, recorders: dict[str, ShiftRecorder], rid: str, pairs: int
+    ) -> None:
+        """A planned look: both arms' logs so far go up now, so the gate can judge them."""
+        for recorder in recorders.values():
+            recorder.close()
+        recorders.clear()  # the next episode of each arm starts a new log
+        uploaded = self.uploader.flush(folder)
+        log.info(
+            "%s: trial %s: look at %d episodes per arm: logs %s",
+            self.cell_id,
+            rid,
+            pairs,
+            "uploaded" if uploaded else "kept for the next upload (the uploader said why)",
+        )
 
     def _recorder(
         self, folder: Path, shift: Shift, bundle_id: str, metadata: dict[str, str]
@@ -208,9 +234,10 @@ class TrialRunner:
 
         rid, arms = request["request_id"], {}
         try:
+            signed = self._signed()
             for arm in ARMS:
                 spec = request["arms"][arm]
-                folder = fetch_arm(self.channel, self.cell_id, spec, self.folder / BUNDLES_DIR)
+                folder = fetch_signed_arm(signed, spec, self.folder / BUNDLES_DIR)
                 arms[arm] = (spec["bundle_id"], load_policy(folder))
         except (EdgeError, OSError, ValueError) as exc:
             self._refused.add(rid)
@@ -222,6 +249,28 @@ class TrialRunner:
             )
             return None
         return arms
+
+    def _signed(self) -> SignedChannel:
+        """A fresh TUF session of the box (one refresh: ngclient's Updater refreshes once)."""
+        signed = SignedChannel(self.box)
+        signed.refresh()
+        return signed
+
+    def _signed_requests(self) -> list[dict[str, Any]]:
+        try:
+            return signed_requests(self._signed(), self.folder / BUNDLES_DIR)
+        except NothingPublishedError:
+            return []
+
+    def _check_still_open(self, rid: str) -> None:
+        """Between episodes: the signed list must still name the request (unlisted: withdrawn
+        or closed; unreadable or refused: stop too, nothing unverified keeps running)."""
+        try:
+            listed = any(r["request_id"] == rid for r in self._signed_requests())
+        except EdgeError as exc:
+            raise AttemptAbandoned(f"the signed request list was refused: {exc}") from None
+        if not listed:
+            raise AttemptAbandoned("the request was withdrawn from the channel")
 
     def _deliver(self, folder: Path, report: dict[str, Any]) -> None:
         rid, attempt_id = report["request_id"], report["attempt"]
@@ -258,3 +307,14 @@ class TrialRunner:
 
     def _done_path(self, rid: str) -> Path:
         return self.folder / f"{rid}.done"
+
+
+def _look_sizes(request: dict[str, Any], episodes: int) -> set[int]:
+    """Episodes per arm at each look the request's sequential gate plans (none: one at the end)."""
+    gate = request.get("gate")
+    if not isinstance(gate, dict):
+        return set()
+    design = Design(
+        gate["alpha"], gate["margin"], gate["looks"], gate["futility_power"], max_pairs=episodes
+    )
+    return {int(size) for size in design.look_sizes()}

@@ -1,5 +1,5 @@
-"""Shared fixtures for the edge tests: fake bundles, the CLI, signing keys (the S3 server
-fixtures are in tests/conftest.py: the cell tests use them too)."""
+"""Shared fixtures for the edge tests: signing keys, fake signed releases, an enrolled box, the
+CLI (the S3 server fixtures are in tests/conftest.py: the cell tests use them too)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from edge.channels import generate_keypair, publish_bundle
 from edge.cli import main
+from tests.edge.signed import enrolled, publish_signed
 
 Publish = Callable[..., dict[str, Any]]
 RunCli = Callable[..., "CliResult"]
@@ -44,6 +44,11 @@ def channel(tmp_path: Path) -> str:
 
 
 @pytest.fixture
+def keys(tmp_path: Path) -> Path:
+    return tmp_path / "keys"
+
+
+@pytest.fixture
 def dest(tmp_path: Path) -> Path:
     return tmp_path / "box"
 
@@ -53,31 +58,40 @@ def cell() -> str:
     return "cell-7"
 
 
-@pytest.fixture
-def publish(tmp_path: Path, cell: str) -> Publish:
-    """publish(channel, version, signing_key=None): a fake bundle whose bytes depend on version."""
+def fake_policy(folder: Path, version: int) -> dict[str, Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "model.safetensors").write_bytes(f"weights-v{version}".encode() * 100)
+    (folder / "config.json").write_text(json.dumps({"hidden": [64, 64], "version": version}))
+    return {name: folder / name for name in ("model.safetensors", "config.json")}
 
-    def _publish(channel: str, version: int, signing_key: Path | None = None) -> dict[str, Any]:
-        source = tmp_path / f"source-v{version}"
-        source.mkdir(exist_ok=True)
-        (source / "model.safetensors").write_bytes(f"weights-v{version}".encode() * 100)
-        (source / "config.json").write_text(json.dumps({"hidden": [64, 64], "version": version}))
+
+@pytest.fixture
+def publish(tmp_path: Path, cell: str, keys: Path) -> Publish:
+    """publish(channel, version, decision=None, attestation=None, cell=...): a signed release
+    of a fake policy whose bytes depend on version (gated, with a passing attestation)."""
+
+    def _publish(channel: str, version: int, decision=None, attestation=None, cell=cell):
+        files = fake_policy(tmp_path / f"source-v{version}", version)
         metadata = {
             "model_name": "pusher-policy",
             "model_version": version,
             "dataset_version": f"data-{version}",
             "mlflow_run_id": f"run{version}",
-            "gate": {"passed": True, "success_rate": 0.9},
         }
-        files = {name: source / name for name in ("model.safetensors", "config.json")}
-        return publish_bundle(channel, cell, files, metadata, signing_key=signing_key)
+        return publish_signed(channel, keys, cell, files, metadata, decision, attestation)
 
     return _publish
 
 
 @pytest.fixture
+def enroll_box(keys: Path, cell: str) -> Callable[[str, Path], Path]:
+    """enroll_box(channel, box): the box enrolled for the cell with the keys' root.json."""
+    return lambda channel, box: enrolled(channel, keys, cell, box)
+
+
+@pytest.fixture
 def cli(capsys: pytest.CaptureFixture[str]) -> RunCli:
-    """Run realloop-edge in-process (fast): cli("status", "--dest", d) -> CliResult."""
+    """Run realloop-edge in-process (fast): cli("status", "--box", d) -> CliResult."""
 
     def _run(*args: str | Path) -> CliResult:
         code = main([str(arg) for arg in args])
@@ -97,10 +111,3 @@ def cli_process() -> RunCli:
         return CliResult(done.returncode, done.stdout, done.stderr)
 
     return _run
-
-
-@pytest.fixture
-def keypair(tmp_path: Path) -> tuple[Path, Path]:
-    private, public = tmp_path / "signing.pem", tmp_path / "signing.pub.pem"
-    generate_keypair(private, public)
-    return private, public

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -10,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from edge.bundle import MODEL_FILE
-from edge.channels import LocalChannel, open_channel, publish_bundle
+from edge.channels import LocalChannel, open_channel, upload_bundle
 from edge.errors import EdgeError, KeyNotFoundError
 from edge.integrity import sha256_bytes
 
@@ -64,56 +63,63 @@ def test_open_channel_kinds(tmp_path):
         open_channel("ftp://host/x")
 
 
-def test_publish_layout_pointer_and_manifest(publish, tmp_path, cell):
+def test_release_layout_signed_targets_and_trial_copy(publish, tmp_path, cell):
     root = tmp_path / "channel"
-    manifest = publish(str(root), 3)
-    bundle_dir = root / cell / "bundles" / manifest["bundle_id"]
+    release = publish(str(root), 3)
+    bundle_dir = root / cell / "bundles" / release["bundle_id"]  # the copy trials run
 
     assert sorted(p.name for p in bundle_dir.iterdir()) == [
         "config.json",
         "manifest.json",
         "model.safetensors",
     ]
-    assert manifest["bundle_id"].startswith("3-")
-    assert json.loads((bundle_dir / "manifest.json").read_text()) == manifest
-    pointer = json.loads((root / cell / "CURRENT.json").read_text())
-    assert pointer == {
-        "bundle_id": manifest["bundle_id"],
-        "manifest_sha256": sha256_bytes((bundle_dir / "manifest.json").read_bytes()),
-    }
-    model = manifest["files"][MODEL_FILE]
+    assert release["bundle_id"].startswith("3-")
+    assert release["manifest_sha256"] == sha256_bytes((bundle_dir / "manifest.json").read_bytes())
+    model = release["files"][MODEL_FILE]
     assert model == {
         "sha256": sha256_bytes((bundle_dir / MODEL_FILE).read_bytes()),
         "size": (bundle_dir / MODEL_FILE).stat().st_size,
     }
-    assert manifest["format"] == 1
-    assert manifest["gate"] == {"passed": True, "success_rate": 0.9}
-    assert "signature" not in manifest
+    signed_model = (
+        root / "tuf" / "targets" / cell / release["bundle_id"] / f"{model['sha256']}.{MODEL_FILE}"
+    )
+    assert signed_model.read_bytes() == (bundle_dir / MODEL_FILE).read_bytes()
+    metadata = sorted(p.name for p in (root / "tuf" / "metadata").iterdir())
+    assert {"1.root.json", "timestamp.json", f"1.{cell}.json", "2.snapshot.json"} <= set(metadata)
+    assert not (root / cell / "CURRENT.json").exists()  # no unsigned pointer any more
+    assert (release["format"], release["decision"]["kind"], release["attestation"]) == (
+        1,
+        "gate",
+        "attestation.json",
+    )
 
 
-def test_republishing_identical_content_is_idempotent(publish, tmp_path, cell):
+def test_republishing_identical_content_keeps_the_bundle_and_moves_versions_up(
+    publish, tmp_path, cell
+):
     root = tmp_path / "channel"
     first = publish(str(root), 1)
-    pointer = (root / cell / "CURRENT.json").read_bytes()
-    assert publish(str(root), 1) == first
-    assert (root / cell / "CURRENT.json").read_bytes() == pointer
+    again = publish(str(root), 1)
+    assert again["bundle_id"] == first["bundle_id"]
+    assert again["tuf_version"] == first["tuf_version"] + 1
     assert len(list((root / cell / "bundles").iterdir())) == 1
 
 
-def test_publish_rejects_bad_input(tmp_path):
+def test_upload_rejects_bad_input(tmp_path):
     model = tmp_path / MODEL_FILE
     model.write_bytes(b"w")
     good = {"model_name": "m", "model_version": 1}
+    ch = open_channel(tmp_path / "c")
     with pytest.raises(EdgeError, match=r"unknown fields \['typo'\]"):
-        publish_bundle(tmp_path / "c", "cell", {MODEL_FILE: model}, {**good, "typo": 1})
+        upload_bundle(ch, "cell", {MODEL_FILE: model}, {**good, "typo": 1})
     with pytest.raises(EdgeError, match=r"missing fields \['model_version'\]"):
-        publish_bundle(tmp_path / "c", "cell", {MODEL_FILE: model}, {"model_name": "m"})
+        upload_bundle(ch, "cell", {MODEL_FILE: model}, {"model_name": "m"})
     with pytest.raises(EdgeError, match=r"must be a table that includes model\.safetensors"):
-        publish_bundle(tmp_path / "c", "cell", {"config.json": model}, good)
+        upload_bundle(ch, "cell", {"config.json": model}, good)
     with pytest.raises(EdgeError, match="cell id"):
-        publish_bundle(tmp_path / "c", "../cell", {MODEL_FILE: model}, good)
+        upload_bundle(ch, "../cell", {MODEL_FILE: model}, good)
     with pytest.raises(EdgeError, match="cannot read"):
-        publish_bundle(tmp_path / "c", "cell", {MODEL_FILE: tmp_path / "absent"}, good)
+        upload_bundle(ch, "cell", {MODEL_FILE: tmp_path / "absent"}, good)
     assert not (tmp_path / "c").exists()
 
 

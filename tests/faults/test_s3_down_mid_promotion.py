@@ -1,9 +1,10 @@
 """Fault: the S3 store goes down in the middle of a promotion.
 
 A real outage of the profile's S3 store (its server process stopped) at the worst moment:
-after the new bundle's first file is on the channel, before its manifest and the cell's
-CURRENT.json pointer. The moment is chosen by a hook on the S3 channel's put (injected: the
-window between two puts is milliseconds wide, too narrow to hit from outside); what follows is
+after the new bundle's first file is on the channel, before its manifest and the signed
+release (TUF metadata, the timestamp last). The moment is chosen by a hook on the S3 channel's
+put (injected: the window between two puts is milliseconds wide, too narrow to hit from
+outside); what follows is
 not: every later request meets a closed port. The store comes back with `realloop services up`
 (with its objects: a plant's S3 is durable, the profile's moto keeps them across a stop).
 """
@@ -20,8 +21,10 @@ import pytest
 
 from edge import s3 as edge_s3
 from edge.errors import EdgeError
+from edge.release import current_release
+from edge.rotation import init_keys
 from flows import services as sv
-from pipelines.release import production_alias, promote
+from pipelines.release import attest_gate, production_alias, promote
 from pipelines.training import production_version
 from tests.faults.conftest import bring_back, train_and_register
 
@@ -29,11 +32,15 @@ pytestmark = pytest.mark.faults
 CELL = "cell-31"  # its own cell: the tests share the profile's registry
 
 
-def _pull(channel: str, box, env) -> subprocess.CompletedProcess:
-    """What the cell's edge box does: follow CURRENT.json, verify, activate."""
-    command = [sys.executable, "-m", "edge.cli", "pull", "--channel", channel, "--cell", CELL]
+def _pull(channel: str, box, env, root) -> subprocess.CompletedProcess:
+    """What the cell's edge box does: enrol once, then follow the signed release, verify,
+    activate."""
+    edge = [sys.executable, "-m", "edge.cli"]
+    if not (box / "tuf").exists():
+        init = [*edge, "init", "--channel", channel, "--cell", CELL, "--root", str(root)]
+        subprocess.run([*init, "--box", str(box)], env=env, check=True, capture_output=True)
     return subprocess.run(
-        [*command, "--dest", str(box), "--json"], env=env, capture_output=True, text=True
+        [*edge, "pull", "--box", str(box), "--json"], env=env, capture_output=True, text=True
     )
 
 
@@ -44,19 +51,22 @@ def test_the_channel_never_names_an_incomplete_release_and_the_next_promotion_su
     channel = f"s3://{sv.BUCKET}/channel-{tmp_path.name}"
     promote_params = dataclasses.replace(params.promote, channel=channel)
     model = params.train.registered_model
-    passed = {"passed": True, "reasons": ["test gate: passed"]}
+    keys = workspace / params.promote.keys
+    init_keys(keys, None, params.promote.timestamp_expiry_s)
+    root = keys / "root.json"
+    passed = {"passed": True, "reasons": ["test gate: passed"], "trial_request_id": "t-1"}
 
     def promote_version(trained):
         run_id, version, folder = trained
         return promote(
-            passed, CELL, promote_params, model, version, run_id, folder, "data-v1",
-            workspace=workspace,
+            attest_gate(passed, folder, keys), CELL, promote_params, model, version, run_id,
+            folder, "data-v1", workspace=workspace,
         )  # fmt: skip
 
     first = promote_version(train_and_register(params, workspace, CELL, seed=1))
     assert first.promoted
     box = tmp_path / "box"
-    assert _pull(channel, box, dict(os.environ)).returncode == 0
+    assert _pull(channel, box, dict(os.environ), root).returncode == 0
 
     # The second promotion: the store goes down after the bundle's first file.
     second_trained = train_and_register(params, workspace, CELL, seed=2)
@@ -75,7 +85,7 @@ def test_the_channel_never_names_an_incomplete_release_and_the_next_promotion_su
     assert "\n" not in message and channel.split("//")[1] in message, message
     monkeypatch.setattr(edge_s3.S3Channel, "put_file", real_put_file)
 
-    # While it is down, and after it is back: the alias and the pointer still name release 1.
+    # While it is down, and after it is back: the alias and the release still name release 1.
     alias = production_alias(CELL, promote_params)
     assert production_version(model, alias, workspace=workspace).version == str(
         first.bundle["model_version"]
@@ -85,9 +95,8 @@ def test_the_channel_never_names_an_incomplete_release_and_the_next_promotion_su
     second_id = _bundle_ids(keys) - {first.bundle["bundle_id"]}
     assert len(second_id) == 1  # the incomplete bundle: one file, no manifest
     assert not [k for k in keys if k.endswith("manifest.json") and second_id & set(k.split("/"))]
-    pointer = json.loads(_get(profile, channel, f"{CELL}/CURRENT.json"))
-    assert pointer["bundle_id"] == first.bundle["bundle_id"]
-    pulled = _pull(channel, box, dict(os.environ))
+    assert current_release(channel, CELL)["bundle_id"] == first.bundle["bundle_id"]
+    pulled = _pull(channel, box, dict(os.environ), root)
     assert pulled.returncode == 0, pulled.stderr
     assert json.loads(pulled.stdout)["bundle_id"] == first.bundle["bundle_id"]
 
@@ -95,12 +104,13 @@ def test_the_channel_never_names_an_incomplete_release_and_the_next_promotion_su
     again = promote_version(second_trained)
     assert again.promoted and again.bundle["bundle_id"] in second_id
     assert production_version(model, alias, workspace=workspace).version == second_trained[1]
-    pulled = _pull(channel, box, dict(os.environ))
+    pulled = _pull(channel, box, dict(os.environ), root)
     assert pulled.returncode == 0, pulled.stderr
     assert json.loads(pulled.stdout)["bundle_id"] == again.bundle["bundle_id"]
     # Nothing lost: release 1 is whole on the channel still, as the box's rollback needs.
     first_keys = [k for k in _keys(profile, channel) if first.bundle["bundle_id"] in k]
-    assert len(first_keys) == 3, first_keys  # model, config, manifest
+    # model, config, manifest (the trial copy); model, config, attestation (signed targets)
+    assert len(first_keys) == 6, first_keys
     print(f"S3 store back in {back_s:.1f} s")
 
 

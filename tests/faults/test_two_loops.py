@@ -6,8 +6,8 @@ takes the cell's loop lock (flows/loop_lock.py) and runs its cycle: ingest, vali
 a trial request that no cell answers (the cycle ends "trials incomplete" at its deadline); the
 other refuses at once, in one line naming the holder, before it ingests anything. History
 stays consistent: one cycle in the ledger, one dataset version, one fine-tune run and one
-candidate version in the registry, one trial request, and the cell's channel pointer where it
-was.
+candidate version in the registry, one trial request, and the channel's signed releases as
+they were.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def test_two_loops_at_once_one_runs_one_refuses_and_the_history_stays_consistent
     model = params.train.registered_model
     before = {v.version for v in client.search_model_versions(f"name = '{model}'")}
     channel = open_channel(workspace / params.promote.channel)
-    pointer = channel.get_bytes(f"{CELL}/CURRENT.json")
+    released = channel.get_bytes("tuf/metadata/timestamp.json")  # the signed releases now
 
     command = [sys.executable, "-m", "flows.cli", "loop", "--cell", CELL, "--json"]
     started = time.monotonic()
@@ -80,7 +80,7 @@ def test_two_loops_at_once_one_runs_one_refuses_and_the_history_stays_consistent
     assert after - before == {cell["training"]["model_version"]}, (before, after)
     requests = [e for e in read_history(channel, CELL) if e["action"] == "trial_requested"]
     assert len(requests) == 1 and open_requests(channel, CELL) == []
-    assert channel.get_bytes(f"{CELL}/CURRENT.json") == pointer
+    assert channel.get_bytes("tuf/metadata/timestamp.json") == released
     with loop_lock.cells_locked(workspace, [CELL], None, params):
         pass  # released at the end of the cycle
     print(f"two loops at once: {took:.0f} s; refused with: {last}")

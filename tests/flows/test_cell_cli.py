@@ -142,14 +142,14 @@ def test_cell_run_is_a_process_that_records_uploads_runs_trials_and_stops_cleanl
 def _publish_small_policy(tmp_path, channel, version: int, seed: int) -> dict:
     import torch
 
-    from edge.channels import publish_bundle
     from pipelines.training import PolicyConfig, PolicyNet, save_policy
+    from tests.edge.signed import publish_override
 
     torch.manual_seed(seed)
     folder = save_policy(PolicyNet(PolicyConfig(hidden=[16])), tmp_path / f"policy-{version}")
     files = {name: folder / name for name in ("model.safetensors", "config.json")}
     meta = {"model_name": "pusher-policy", "model_version": version}
-    return publish_bundle(str(channel), "cell-07", files, meta)
+    return publish_override(str(channel), "cell-07", files, meta)
 
 
 def _request_trial(tmp_path, channel, incumbent: dict) -> dict:
@@ -157,8 +157,9 @@ def _request_trial(tmp_path, channel, incumbent: dict) -> dict:
 
     from edge.channels import open_channel, upload_bundle
     from edge.integrity import sha256_bytes
-    from edge.trials import new_request_id, publish_request
+    from edge.trials import Signing, new_request_id, publish_request
     from pipelines.training import PolicyConfig, PolicyNet, save_policy
+    from tests.edge.signed import EXPIRY_S, keys_for
 
     torch.manual_seed(1)
     folder = save_policy(PolicyNet(PolicyConfig(hidden=[8])), tmp_path / "candidate")
@@ -188,6 +189,7 @@ def _request_trial(tmp_path, channel, incumbent: dict) -> dict:
             "created_at": now.isoformat(timespec="seconds"),
             "deadline": (now + timedelta(hours=1)).isoformat(timespec="seconds"),
         },
+        Signing(keys_for(channel), EXPIRY_S),  # the keys its release was signed with
     )
 
 

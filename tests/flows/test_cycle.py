@@ -6,12 +6,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from edge.channels import publish_bundle
 from flows import cycle
 from pipelines.training import tracking
 from pipelines.training.policy import PolicyConfig, PolicyNet, load_policy, save_policy
 from pipelines.training.registry import register_policy, set_production_alias
 from pipelines.training.tracking import mlflow_client
+from tests.edge.signed import publish_override
 
 
 @pytest.fixture
@@ -50,7 +50,7 @@ def test_a_cell_without_a_production_model_is_skipped_with_the_way_out(workspace
 def test_a_cell_whose_channel_names_nothing_is_skipped(workspace, params):
     production_model(workspace, params, "cell-08")
     plan = cycle.plan_cell(params, workspace, "cell-08", [])
-    assert "cell-08/CURRENT.json" in plan["skip"] and "deploy --initial" in plan["skip"]
+    assert "cell-08/release.json" in plan["skip"] and "deploy --initial" in plan["skip"]
 
 
 def batches_of(workspace, params, cells: dict[str, str]) -> list[str]:
@@ -65,11 +65,12 @@ def batches_of(workspace, params, cells: dict[str, str]) -> list[str]:
 def test_a_cell_with_nothing_of_its_own_to_train_on_is_skipped(workspace, params):
     production_model(workspace, params, "cell-08")
     files = {n: workspace / "p" / n for n in ("model.safetensors", "config.json")}
-    publish_bundle(
+    publish_override(
         workspace / params.promote.channel,
         "cell-08",
         files,
         {"model_name": "m", "model_version": 1},
+        workspace / params.promote.keys,
     )
     batches = batches_of(workspace, params, {"b7": "cell-07"})
     plan = cycle.plan_cell(params, workspace, "cell-08", batches)
@@ -80,7 +81,8 @@ def test_a_ready_cell_has_its_base_pinned_and_its_incumbent_bundle(workspace, pa
     version = production_model(workspace, params, "cell-08")
     files = {n: workspace / "p" / n for n in ("model.safetensors", "config.json")}
     channel = workspace / params.promote.channel
-    manifest = publish_bundle(channel, "cell-08", files, {"model_name": "m", "model_version": 1})
+    meta = {"model_name": "m", "model_version": 1}
+    manifest = publish_override(channel, "cell-08", files, meta, workspace / params.promote.keys)
     batches = batches_of(workspace, params, {"b7": "cell-07", "b8": "cell-08", "c8": "cell-08"})
     plan = cycle.plan_cell(params, workspace, "cell-08", batches)
     assert plan["skip"] is None and plan["model_version"] == version

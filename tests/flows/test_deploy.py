@@ -1,7 +1,7 @@
 """`realloop deploy --initial`: a cell's first production model, recorded as an override in the
-registry (tags, alias) and on the channel (manifest, pointer, history), on a folder channel and
-on S3 (the suite's S3 server on loopback, tests/conftest.py), against a real SQLite MLflow
-store."""
+registry (tags, alias) and on the channel (the signed release's decision, history), signed with
+the workspace's keys (made on first use), on a folder channel and on S3 (the suite's S3 server
+on loopback, tests/conftest.py), against a real SQLite MLflow store."""
 
 from __future__ import annotations
 
@@ -13,11 +13,15 @@ from pathlib import Path
 
 import pytest
 import torch
+import typer
 import yaml
 
 from edge import agent
-from edge.channels import open_channel, publish_bundle
+from edge.channels import open_channel
+from edge.release import HISTORY_ACTION
 from edge.trials import read_history
+from edge.tuf_client import enroll
+from edge.tuf_repo import named_release
 from flows import deploy
 from flows.console import CommandError
 from pipelines.training import tracking
@@ -62,22 +66,28 @@ def check_deployed(result: dict, params, channel_uri: str, policy: Path, reason:
     alias = f"{CELL}{params.promote.alias_suffix}"
     assert production_version(model, alias).version == result["model_version"]
     channel = open_channel(channel_uri)
-    bundle = agent.fetch_bundle(channel, CELL)  # the pointer, checked against its manifest
-    assert bundle.bundle_id == result["bundle_id"]
-    manifest = bundle.manifest
-    assert manifest["model_name"] == model
-    assert manifest["model_version"] == int(result["model_version"])
-    assert manifest["mlflow_run_id"] == result["mlflow_run_id"] == info.run_id
-    assert manifest["gate"] == {"override": result["override"]}
-    assert manifest["files"]["model.safetensors"]["sha256"] == result["policy_sha256"]
+    release = named_release(channel, CELL)
+    assert release["bundle_id"] == result["bundle_id"]
+    assert release["model_name"] == model
+    assert release["model_version"] == int(result["model_version"])
+    assert release["mlflow_run_id"] == result["mlflow_run_id"] == info.run_id
+    assert release["decision"] == result["override"]
+    assert release["decision"]["kind"] == "override" and release["decision"]["initial_deploy"]
+    assert release["files"]["model.safetensors"]["sha256"] == result["policy_sha256"]
     history = read_history(channel, CELL)
-    assert {e["action"] for e in history} == {deploy.HISTORY_ACTION}
+    assert {e["action"] for e in history} == {HISTORY_ACTION}
     # The newest event names this bundle (an attempt cut short in the same second published
     # the same bundle: same content, same id).
     event = [e for e in history if e["subject"] == result["bundle_id"]][-1]
     assert history[-1] == event
-    assert event["override"] == result["override"] and event["override"]["reason"] == reason
+    assert event["decision"] == result["override"] and event["decision"]["reason"] == reason
     assert event["model_version"] == int(result["model_version"])
+
+
+def pulled_by_a_box(workspace: Path, params, channel: str, box: Path) -> dict:
+    """What the cell's edge box does: enrol with the workspace's root, pull, verify."""
+    enroll(channel, CELL, box, workspace / params.promote.keys / "root.json")
+    return agent.pull(box)
 
 
 def test_first_deploy_on_a_folder_channel_is_an_override_everywhere(
@@ -89,9 +99,13 @@ def test_first_deploy_on_a_folder_channel_is_an_override_everywhere(
     assert result["channel"] == channel and not result["resumed"]
     assert result["override"]["by"] == getpass.getuser()
     check_deployed(result, params, channel, policy, "cell commissioning")
-    # What the cell's edge box does with it: pull, verify every sha256, activate.
-    pulled = agent.pull(channel, CELL, tmp_path / "box")
-    assert pulled["bundle_id"] == result["bundle_id"]
+    # What the cell's edge box does with it: pull, verify the signed metadata and every file.
+    pulled = pulled_by_a_box(workspace, params, channel, tmp_path / "box")
+    assert pulled["bundle_id"] == result["bundle_id"] and pulled["signed"] is True
+    assert (
+        pulled["decision"]["kind"] == "override" and pulled["decision"]["by"] == getpass.getuser()
+    )
+    assert (workspace / params.promote.keys / "offline" / "root.key").is_file()
     box = tmp_path / "box" / "current" / "model.safetensors"
     assert box.read_bytes() == (policy / "model.safetensors").read_bytes()
 
@@ -126,15 +140,22 @@ def test_a_cell_with_a_production_model_is_refused_unless_forced(workspace, para
     model = params.train.registered_model
     assert production_version(model, alias).version == forced["model_version"]
     actions = [e["action"] for e in read_history(open_channel(params.promote.channel), CELL)]
-    assert actions == [deploy.HISTORY_ACTION] * 2
+    assert actions == [HISTORY_ACTION] * 2
 
 
-def test_a_pointer_already_on_the_channel_is_refused(workspace, params, policy):
+def test_a_release_already_on_the_channel_is_refused(workspace, params, policy, tmp_path):
+    from edge.release import publish_release
+    from edge.rotation import init_keys
+
     channel = str(workspace / "channel")
     params = with_channel(params, channel)
+    keys = workspace / params.promote.keys
+    init_keys(keys, channel, 86400)
     files = {name: policy / name for name in ("model.safetensors", "config.json")}
-    publish_bundle(channel, CELL, files, {"model_name": "by-hand", "model_version": 1})
-    with pytest.raises(CommandError, match=rf"channel {channel}/{CELL}/CURRENT.json -> bundle 1-"):
+    by_hand = {"kind": "override", "by": "someone", "at": "2026-01-01", "reason": "by hand"}
+    meta = {"model_name": "by-hand", "model_version": 1}
+    publish_release(channel, keys, CELL, files, meta, by_hand, None, 86400)
+    with pytest.raises(CommandError, match=rf"channel {channel}/{CELL}/release.json -> release 1-"):
         deploy.deploy_initial(workspace, params, policy, CELL)
     model = params.train.registered_model
     assert production_version(model, f"{CELL}{params.promote.alias_suffix}") is None
@@ -154,7 +175,7 @@ def test_a_deploy_cut_short_is_completed_by_running_it_again(
             deploy.deploy_initial(workspace, params, policy, CELL)
     again = deploy.deploy_initial(workspace, params, policy, CELL)
     assert again["resumed"] and again["model_version"] == "1"
-    # Each publish is in the history: the one cut short moved the pointer too.
+    # Each publish is in the history: the one cut short was published too.
     assert len(read_history(open_channel(params.promote.channel), CELL)) == 2
     check_deployed(again, params, params.promote.channel, policy, again["override"]["reason"])
 
@@ -187,9 +208,53 @@ def test_the_command_prints_json_and_refuses_a_second_initial(tmp_path, policy, 
     payload = json.loads(done.stdout)
     assert payload["cell"] == CELL and payload["alias"] == f"{CELL}-production"
     assert payload["override"]["reason"] == "commissioning"
-    pointer = json.loads((workspace / "channel" / CELL / "CURRENT.json").read_text())
-    assert pointer["bundle_id"] == payload["bundle_id"]
+    assert payload["signed"] is True
+    assert (
+        named_release(open_channel(workspace / "channel"), CELL)["bundle_id"]
+        == payload["bundle_id"]
+    )
     again = realloop(*args, cwd=workspace)
     assert again.returncode == 1 and "Traceback" not in again.stderr
     (line,) = again.stderr.strip().splitlines()
     assert f"cell {CELL} already has a production model" in line and "--force" in line
+
+
+@pytest.mark.slow  # four registrations and releases (about 15 s): make test-all
+def test_rollback_and_override_are_named_decisions_the_box_accepts(
+    workspace, params, policy, tmp_path, monkeypatch, capsys
+):
+    from pipelines.release import named_decision
+
+    params = with_channel(params, "channel")
+    first = deploy.deploy_initial(workspace, params, policy, CELL)
+    second = deploy.deploy_initial(workspace, params, policy, CELL, "v2", force=True)
+    channel = str(workspace / "channel")
+    box = tmp_path / "box"
+    assert pulled_by_a_box(workspace, params, channel, box)["model_version"] == 2
+
+    monkeypatch.setenv("REALLOOP_USER", "ana")
+    rollback = named_decision("rollback", "version 2 drops parts")
+    rolled = deploy.decided_release(workspace, params, CELL, first["model_version"], rollback)
+    assert (rolled["model_version"], rolled["replaced"]) == ("1", 2)
+    info = model_version_info(params.train.registered_model, "1")
+    assert (info.tags["rollback_by"], info.tags["rollback_cell"]) == ("ana", CELL)
+    assert info.tags["rollback_reason"] == "version 2 drops parts"
+    alias = f"{CELL}{params.promote.alias_suffix}"
+    assert production_version(params.train.registered_model, alias).version == "1"
+    status = agent.pull(box)  # a downgrade, accepted because the signed decision is a rollback
+    assert status["model_version"] == 1 and status["decision"]["kind"] == "rollback"
+    assert status["decision"]["by"] == "ana" and status["intact"] is True
+
+    override = named_decision("override", "back to 2 after the fix", by="bo")
+    deploy.decided_release(workspace, params, CELL, second["model_version"], override)
+    assert agent.pull(box)["decision"] == override
+    events = [e["decision"]["kind"] for e in read_history(open_channel(channel), CELL)]
+    assert events == ["override", "override", "rollback", "override"]
+
+    capsys.readouterr()
+    monkeypatch.chdir(workspace)
+    (workspace / "params.yaml").write_text(yaml.safe_dump({}))  # never read: refused first
+    with pytest.raises(typer.Exit):
+        deploy.promote_command(cell=CELL, version="2", reason="x", override=False)
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("realloop: realloop promote publishes without the gate only")

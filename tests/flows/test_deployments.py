@@ -21,7 +21,8 @@ import pytest
 
 from flows import events, waiting
 from flows.deployments import RESUME_AUTOMATION, loop_triggers, resume_automation
-from flows.serve import INGEST_DEPLOYMENT, LOOP_DEPLOYMENT, build_deployments
+from flows.serve import INGEST_DEPLOYMENT, LOOP_DEPLOYMENT, REFRESH_DEPLOYMENT, build_deployments
+from pipelines.contract.params import load_params
 
 
 def received(event: dict):
@@ -179,13 +180,19 @@ def test_the_work_pool_deployments_run_in_the_workspace_and_suspend(params_path,
         INGEST_DEPLOYMENT: {"job_variables": {"working_dir": str(tmp_path)}},
         LOOP_DEPLOYMENT: {"parameters": {"suspend_for_trials": True}, "triggers": []},
     }
-    ingest, loop = build_deployments(params_path, None, extra)
+    ingest, loop, refresh = build_deployments(params_path, None, extra)
     assert ingest.job_variables == {"working_dir": str(tmp_path)}
     assert loop.parameters["suspend_for_trials"] is True
     assert loop.parameters["params_path"] == str(params_path)  # the common ones kept
     assert loop.entrypoint == "flows.loop.loop_flow"
-    plain_ingest, plain_loop = build_deployments(params_path)  # `realloop serve`'s: unchanged
+    plain_ingest, plain_loop, _ = build_deployments(params_path)  # `realloop serve`'s
     assert "suspend_for_trials" not in plain_loop.parameters and not plain_ingest.job_variables
+    # The timestamp is re-signed every third of its expiry, in the same workspace.
+    expiry = load_params(params_path).promote.timestamp_expiry_s
+    assert refresh.name == REFRESH_DEPLOYMENT
+    assert refresh.entrypoint == "flows.keys_refresh.keys_refresh_flow"
+    assert refresh.schedules[0].schedule.interval.total_seconds() == expiry / 3
+    assert refresh.parameters == plain_loop.parameters
 
 
 def test_deploy_flows_without_a_server_says_how_to_get_one(tmp_path):
@@ -254,7 +261,7 @@ def loop_workspace(tmp_path: Path) -> Path:
     params_path = small_params(workspace)
     raw = yaml.safe_load(params_path.read_text())
     raw["fleet"]["cells"] = ["cell-07"]
-    raw["trials"].update(episodes=4, timeout_s=600)
+    raw["trials"].update(max_episodes=4, timeout_s=600)
     raw["ingest"]["schedule_interval_s"] = 10  # the ingest deployment: how soon it sees trials
     raw["serve"]["loop_cron"] = "0 3 1 1 *"  # the floor, not due during the test
     params_path.write_text(yaml.safe_dump(raw))
@@ -318,6 +325,9 @@ def deploy(workspace: Path, env: dict[str, str]) -> dict:
     assert loop["concurrency"] == {"limit": 1, "collision_strategy": "ENQUEUE"}
     (ingest,) = [d for d in described["deployments"] if d["name"] == "ingest/ingest"]
     assert ingest["concurrency"] == {"limit": 1, "collision_strategy": "CANCEL_NEW"}
+    (refresh,) = [d for d in described["deployments"] if d["name"].endswith("/keys-refresh")]
+    assert refresh["schedules"] == [{"interval_s": 28800.0}]  # a third of the 1-day expiry
+    assert refresh["job_variables"] == {"working_dir": str(workspace)}
     (resume,) = [a for a in described["automations"] if a["name"] == RESUME_AUTOMATION]
     assert resume["expect"] == [events.TRIALS_READY] and resume["actions"] == ["resume-flow-run"]
     return loop

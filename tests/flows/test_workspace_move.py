@@ -202,7 +202,7 @@ def cycle_workspace(workspace: Path) -> None:
     small_params(workspace)
     params = yaml.safe_load((workspace / "params.yaml").read_text())
     params["fleet"]["cells"] = ["cell-07"]
-    params["trials"].update(episodes=2, timeout_s=2, poll_s=1)
+    params["trials"].update(max_episodes=2, timeout_s=2, poll_s=1)
     params["train"].update(epochs=2)
     (workspace / "params.yaml").write_text(yaml.safe_dump(params))
     for args in (

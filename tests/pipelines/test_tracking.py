@@ -17,7 +17,8 @@ import pytest
 import torch
 import yaml
 
-from pipelines.release.gate import TrialStats, decide
+from pipelines.contract.params import GateParams
+from pipelines.release.gate import decide
 from pipelines.training import tracking
 from pipelines.training.policy import Policy, PolicyConfig, PolicyNet, load_policy, save_policy
 from pipelines.training.registry import (
@@ -202,10 +203,19 @@ def test_registered_version_is_the_run_policy_folder_and_registering_again_reuse
     assert again == trained.version
 
 
-def test_gate_record_becomes_version_tags_and_a_run_artifact(trained):
-    decision = decide(
-        TrialStats("candidate", 100, 85, 0, 4.0), TrialStats("incumbent", 100, 50, 0, 4.2), 5.0
+def _one_look_decision(candidate: tuple[str, int], incumbent: tuple[str, int], n: int):
+    """The gate on n trial episodes per arm, judged in one look at n (policy, successes)."""
+    from tests.pipelines.test_gate import arm
+
+    one_look = GateParams(
+        alpha=0.05, margin=0.02, looks=1, futility_power=0.05, cycle_time_budget_s=5.0
     )
+    tables = [arm([True] * k + [False] * (n - k), policy) for policy, k in (candidate, incumbent)]
+    return decide(*tables, one_look, max_episodes=n)
+
+
+def test_gate_record_becomes_version_tags_and_a_run_artifact(trained):
+    decision = _one_look_decision(("candidate", 85), ("incumbent", 50), 100)
     record = decision.as_record()
     record_gate(
         trained.model, trained.version, record, trained.run.run_id, workspace=trained.workspace
@@ -224,9 +234,13 @@ def test_gate_record_becomes_version_tags_and_a_run_artifact(trained):
     low, _ = decision.candidate["interval"]
     assert metrics["trial/candidate_success"] == 0.85
     assert metrics["trial/incumbent_success"] == 0.5
-    assert metrics["trial/candidate_episodes"] == 100
-    assert metrics["gate/lower_bound"] == pytest.approx(low)
-    assert metrics["gate/margin"] == pytest.approx(low - 0.5)
+    assert metrics["trial/candidate_episodes"] == decision.episodes_used
+    assert metrics["trial/candidate_success_low"] == pytest.approx(low)
+    assert metrics["gate/statistic"] == pytest.approx(decision.statistic)
+    assert metrics["gate/bound"] == pytest.approx(decision.bound)
+    assert metrics["gate/statistic"] >= metrics["gate/bound"]  # a pass: over its boundary
+    assert metrics["gate/noninferiority_margin"] == decision.margin
+    assert metrics["gate/episodes_used"] == decision.episodes_used
     assert metrics["gate/passed"] == 1.0
     card = client.get_model_version(trained.model, trained.version).description
     assert "### Hardware trials" in card and "85/100 successes" in card
@@ -303,9 +317,7 @@ def test_a_cycle_is_a_parent_run_per_cell_with_a_child_run_per_stage(trained, pa
         ws, experiment, params.train, "v1", "data/dataset", {}, name, parent_run_id=parent
     ) as run:
         pass
-    decision = decide(
-        TrialStats("c", 20, 19, 0, 4.0), TrialStats("i", 20, 10, 0, 4.2), 5.0
-    ).as_record()
+    decision = _one_look_decision(("c", 19), ("i", 10), 20).as_record()
     client = client_for(ws)
     client.log_batch(
         run.info.run_id,
@@ -359,7 +371,7 @@ def test_a_cycle_is_a_parent_run_per_cell_with_a_child_run_per_stage(trained, pa
     assert trials.data.metrics["trial/waited_s"] == 12.5
     assert trials.info.start_time == 1796284800000  # when the request was made
     gate = children["gate cell-07 cycle 3"]
-    assert gate.data.metrics["gate/lower_bound"] == cycle_run.data.metrics["gate/lower_bound"]
+    assert gate.data.metrics["gate/statistic"] == cycle_run.data.metrics["gate/statistic"]
     assert gate.data.tags["promotion.bundle_id"] == "b1"
     other = client.get_run(runs["cell-09"])
     assert (other.info.run_name, other.data.tags["realloop.outcome"]) == (

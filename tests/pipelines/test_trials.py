@@ -13,8 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from edge.channels import open_channel, publish_bundle
-from edge.trials import fetch_arm, open_requests, read_history
+from edge.channels import open_channel
+from edge.trials import Signing, fetch_arm, open_requests, read_history
 from pipelines.contract.schema import EPISODES_SCHEMA, STEPS_SCHEMA
 from pipelines.ingest import storage_schema
 from pipelines.release import trials
@@ -22,6 +22,7 @@ from pipelines.training import tracking
 from pipelines.training.policy import PolicyConfig, PolicyNet, save_policy
 from pipelines.training.registry import register_policy
 from pipelines.training.tracking import start_finetune_run
+from tests.edge.signed import EXPIRY_S, publish_override
 
 REQUEST = "cell-07-20261203T101500Z-3f9a0c1d"
 T0 = datetime(2026, 12, 3, 10, 20, tzinfo=UTC)
@@ -182,6 +183,66 @@ def test_poll_state_waits_until_complete_or_the_deadline():
     assert trials.poll_state(req, attempt, at) == "complete"
 
 
+# --- the interim look: the sequential gate decides while the episodes come in -------------
+
+DESIGN = {"alpha": 0.05, "margin": 0.02, "looks": 5, "futility_power": 0.05}
+
+
+def sequential_request(n: int = 100) -> dict:
+    return request(n) | {"gate": dict(DESIGN)}
+
+
+def outcomes_rows(candidate: list[bool], incumbent: list[bool], stops=()) -> list[dict]:
+    """Interleaved pairs of attempt a1 with these outcomes; `stops`: candidate pairs (0-based)
+    with a safety stop."""
+    rows = interleaved("a1", len(candidate), 0, 0)
+    for k, row in enumerate(rows):
+        pair, arm = divmod(k, 2)
+        row["success"] = (candidate if arm == 0 else incumbent)[pair]
+        row["safety_stops"] = int(arm == 0 and pair in stops)
+    return rows
+
+
+def test_the_interim_look_waits_between_looks_then_stops_a_clear_winner_at_the_first():
+    req = sequential_request()
+    winner, loser = [True] * 30, [k % 5 == 0 for k in range(30)]
+    early = outcomes_rows(winner[:19], loser[:19])
+    assert trials.complete_attempt(table(early), req) is None  # no look before 20 pairs
+    assert trials.interim_look(req, trials.attempts(table(early), req)[0]) == ("continue", 19)
+    rows = outcomes_rows(winner, loser)  # 30 pairs in: the look at 20 decided
+    chosen = trials.complete_attempt(table(rows), req)
+    assert chosen.counts() == {"candidate": 20, "incumbent": 20}
+    assert trials.interim_look(req, chosen) == ("efficacy", 20)
+    assert trials.poll_state(req, chosen, T0) == "complete"
+
+
+def test_the_interim_look_stops_a_clearly_worse_candidate_for_futility():
+    req = sequential_request()
+    rows = outcomes_rows([k % 2 == 0 for k in range(20)], [True] * 20)
+    assert trials.interim_look(req, trials.complete_attempt(table(rows), req)) == ("futility", 20)
+
+
+def test_a_candidate_safety_stop_decides_the_request_at_its_pair():
+    req = sequential_request()
+    rows = outcomes_rows([True] * 5, [True] * 5, stops=(2,))
+    chosen = trials.complete_attempt(table(rows), req)
+    assert chosen.counts() == {"candidate": 3, "incumbent": 3}
+    assert trials.interim_look(req, chosen) == ("safety", 3)
+
+
+def test_a_request_carries_its_sequential_design_and_cap(params):
+    arm = {"bundle_id": "1-aaaaaaaaaaaa", "manifest_sha256": "0" * 64}
+    doc = trials.new_trial_request("cell-07", arm, arm, params.trials, T0, gate=params.gate)
+    assert doc["episodes_per_arm"] == params.trials.max_episodes
+    assert doc["gate"] == {k: getattr(params.gate, k) for k in DESIGN}
+    design = trials.request_design(doc)
+    assert (design.max_pairs, design.looks, design.margin) == (
+        params.trials.max_episodes,
+        params.gate.looks,
+        params.gate.margin,
+    )
+
+
 # --- the episodes table on disk, and the gate on it ---------------------------------------
 
 
@@ -239,6 +300,24 @@ def test_the_gate_judges_exactly_the_selected_episodes_per_arm(dataset, params):
     assert len(record["reasons"]) == 3  # the gate's own rules, unchanged
 
 
+def test_the_gate_judges_a_decided_attempt_on_the_episodes_the_test_used(tmp_path, params):
+    req = sequential_request() | {"request_id": REQUEST}
+    rows = outcomes_rows([True] * 30, [k % 5 == 0 for k in range(30)])
+    root = tmp_path / "dataset"
+    write_batch(root, "candidate-a1", [r for r in rows if r["trial_arm"] == "candidate"])
+    write_batch(root, "incumbent-a1", [r for r in rows if r["trial_arm"] == "incumbent"])
+    chosen = trials.check_requests(root, {"cell-07": req})["cell-07"]["attempt"]
+    record = trials.judge_attempt(root, req, chosen, params.gate)
+    assert (record["stopped"], record["episodes_used"], record["max_episodes"]) == (
+        "efficacy",
+        20,
+        100,
+    )
+    assert record["passed"] and record["candidate"]["n"] == record["episodes_per_arm"] == 20
+    assert record["incumbent"]["successes"] == 4
+    assert [len(ids) for ids in record["trial_episodes"].values()] == [20, 20]
+
+
 # --- publishing and withdrawing on a folder channel ---------------------------------------
 
 
@@ -276,26 +355,28 @@ def env(request, registered, monkeypatch, tmp_path):
     else:
         channel = f"s3://{request.getfixturevalue('s3_bucket')}/releases"
     files = {n: registered.incumbent / n for n in ("model.safetensors", "config.json")}
-    publish_bundle(channel, "cell-07", files, {"model_name": "m", "model_version": 1})
+    meta = {"model_name": "m", "model_version": 1}
+    publish_override(channel, "cell-07", files, meta, tmp_path / "keys")
     return SimpleNamespace(**vars(registered), channel=channel)
 
 
 def test_a_request_names_the_uploaded_candidate_and_the_running_incumbent(env, params, tmp_path):
     channel = open_channel(env.channel)
-    pointer = channel.get_bytes("cell-07/CURRENT.json")
+    timestamp = channel.get_bytes("tuf/metadata/timestamp.json")
     incumbent = trials.incumbent_arm(env.channel, "cell-07")
     candidate = trials.upload_candidate(
         env.channel, "cell-07", env.folder, env.trained, workspace=env.workspace
     )
-    assert channel.get_bytes("cell-07/CURRENT.json") == pointer  # not moved
+    assert channel.get_bytes("tuf/metadata/timestamp.json") == timestamp  # nothing released
     now = datetime(2026, 12, 3, 10, 15, 0, 500, tzinfo=UTC)
-    trial_params = dataclasses.replace(params.trials, episodes=3, timeout_s=600)
+    trial_params = dataclasses.replace(params.trials, max_episodes=3, timeout_s=600)
     doc = trials.new_trial_request("cell-07", candidate, incumbent, trial_params, now)
     assert (doc["created_at"], doc["deadline"]) == ("2026-12-03T10:15:00Z", "2026-12-03T10:25:00Z")
     assert doc["request_id"].startswith("cell-07-20261203T101500Z-")
 
-    trials.publish_trial_request(env.channel, doc)
-    trials.publish_trial_request(env.channel, doc)  # a retry: still one request
+    signing = Signing(tmp_path / "keys", EXPIRY_S)  # the keys env's release was signed with
+    trials.publish_trial_request(env.channel, doc, signing)
+    trials.publish_trial_request(env.channel, doc, signing)  # a retry: still one request
     [listed] = open_requests(channel, "cell-07")
     assert listed["request_id"] == doc["request_id"] and listed["episodes_per_arm"] == 3
     arms = {
@@ -308,8 +389,8 @@ def test_a_request_names_the_uploaded_candidate_and_the_running_incumbent(env, p
     manifest = json.loads((arms["candidate"] / "manifest.json").read_text())
     assert manifest["model_version"] == int(env.trained["model_version"])
 
-    assert trials.withdraw_trial_request(env.channel, doc, "trials incomplete")
-    assert not trials.withdraw_trial_request(env.channel, doc, "again")
+    assert trials.withdraw_trial_request(env.channel, doc, "trials incomplete", signing)
+    assert not trials.withdraw_trial_request(env.channel, doc, "again", signing)
     assert open_requests(channel, "cell-07") == []
     actions = [
         e["action"] for e in read_history(channel, "cell-07") if e["subject"] == doc["request_id"]

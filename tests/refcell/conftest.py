@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge.channels import publish_bundle
 from refcell.cell import Cell
 from refcell.recorder import CellIdentity, ShiftRecorder
 from refcell.runner import run_episode
 from refcell.world import load_world
+from tests.edge.signed import publish_override
 
 START = datetime(2026, 12, 1, 6, 0, tzinfo=UTC)
 
@@ -47,7 +47,7 @@ def policy_files(folder: Path) -> dict[str, Path]:
 
 
 def publish_policy(channel: Path | str, cell_id: str, folder: Path, version: int) -> dict:
-    return publish_bundle(
+    return publish_override(
         str(channel),
         cell_id,
         policy_files(folder),

@@ -1,5 +1,5 @@
 """Hardware trials on request, run by the cell process's TrialRunner against a folder channel:
-arms interleaved, trial metadata on every log, only complete attempts uploaded."""
+arms interleaved, trial metadata on every log, logs uploaded at each look of the gate."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from mcap_ros2.decoder import DecoderFactory
 
 from edge.channels import open_channel, upload_bundle
 from edge.integrity import sha256_bytes
-from edge.trials import new_request_id, publish_request, withdraw_request
+from edge.trials import Signing, new_request_id, publish_request, trials_target, withdraw_request
 from pipelines.contract import schema
 from refcell.cell import Cell
 from refcell.process.clock import CellClock
@@ -22,6 +22,7 @@ from refcell.process.line import Line
 from refcell.process.trials import TrialRunner
 from refcell.process.uploader import LandingUploader
 from refcell.world import load_world
+from tests.edge.signed import EXPIRY_S, enrolled, keys_for
 from tests.refcell.conftest import START, policy_files, publish_policy
 
 CELL = "cell-07"
@@ -42,27 +43,28 @@ class Rig:
         incumbent_bytes = self.channel.get_bytes(
             f"{CELL}/bundles/{incumbent['bundle_id']}/manifest.json"
         )
+        self.keys = keys_for(self.channel_dir)
+        self.signing = Signing(self.keys, EXPIRY_S)
+        enrolled(str(self.channel_dir), self.keys, CELL, self.box)  # as the edge box does
         now = datetime.now(UTC)
-        self.request = publish_request(
-            self.channel,
-            {
-                "request_id": new_request_id(CELL),
-                "cell_id": CELL,
-                "episodes_per_arm": EPISODES_PER_ARM,
-                "arms": {
-                    "candidate": {
-                        "bundle_id": candidate["bundle_id"],
-                        "manifest_sha256": sha256_bytes(candidate_bytes),
-                    },
-                    "incumbent": {
-                        "bundle_id": incumbent["bundle_id"],
-                        "manifest_sha256": sha256_bytes(incumbent_bytes),
-                    },
+        self.document = {
+            "request_id": new_request_id(CELL),
+            "cell_id": CELL,
+            "episodes_per_arm": EPISODES_PER_ARM,
+            "arms": {
+                "candidate": {
+                    "bundle_id": candidate["bundle_id"],
+                    "manifest_sha256": sha256_bytes(candidate_bytes),
                 },
-                "created_at": now.isoformat(),
-                "deadline": (now + timedelta(hours=2)).isoformat(),
+                "incumbent": {
+                    "bundle_id": incumbent["bundle_id"],
+                    "manifest_sha256": sha256_bytes(incumbent_bytes),
+                },
             },
-        )
+            "created_at": now.isoformat(),
+            "deadline": (now + timedelta(hours=2)).isoformat(),
+        }
+        self.request = publish_request(self.channel, self.document, self.signing)
         self.stop = threading.Event()
         clock = CellClock(1e6, int(START.timestamp() * 1e9), self.stop)
         world = Cell(load_world("line"), params.cell)
@@ -145,7 +147,7 @@ def test_a_withdrawn_request_is_abandoned_and_nothing_of_it_uploaded(rig):
     def withdraw_after_two(*args, **kwargs):
         result = run(*args, **kwargs)
         if rig.line.shift is None or rig.line.shift.used >= 2:
-            withdraw_request(rig.channel, CELL, rig.request_id, "test: trials timed out")
+            withdraw_request(rig.channel, CELL, rig.request_id, "test: timed out", rig.signing)
         return result
 
     rig.line.run = withdraw_after_two
@@ -153,6 +155,30 @@ def test_a_withdrawn_request_is_abandoned_and_nothing_of_it_uploaded(rig):
     assert not rig.landing.exists()
     assert not list((rig.box / "trials").glob(f"{rig.request_id}/*"))  # partial files deleted
     assert not (rig.box / "trials" / f"{rig.request_id}.done").exists()
+
+
+def test_each_planned_look_uploads_the_logs_so_far_and_a_withdrawal_keeps_them(rig):
+    """A sequential gate's request: the loop can judge at each look and stop the trials."""
+    request = {
+        **rig.request,
+        "gate": {"alpha": 0.05, "margin": 0.02, "looks": 3, "futility_power": 0.05},
+    }  # looks after 1, 2, 3 pairs
+    run = rig.line.run
+    seen: list[int] = []
+
+    def withdraw_in_the_second_look(*args, **kwargs):
+        result = run(*args, **kwargs)
+        seen.append(len(landed_episodes(rig.landing)) if rig.landing.exists() else 0)
+        if len(seen) == 3:  # the gate decided on the first look's pair
+            withdraw_request(rig.channel, CELL, rig.request_id, "test: gate decided", rig.signing)
+        return result
+
+    rig.line.run = withdraw_in_the_second_look
+    assert rig.runner.run(request) == "withdrawn"
+    assert seen == [0, 0, 2]  # the first pair went up at its look, during the third episode
+    landed = landed_episodes(rig.landing)
+    assert [row["trial_arm"] for row in landed] == ["candidate", "incumbent"]
+    assert not list((rig.box / "trials").glob(f"{rig.request_id}/*"))  # the rest deleted
 
 
 def test_a_stop_mid_attempt_uploads_nothing(rig):
@@ -194,11 +220,51 @@ def test_a_recorded_attempt_whose_upload_failed_is_delivered_later(rig):
     assert len(landed_episodes(rig.landing)) == 2 * EPISODES_PER_ARM
 
 
-def test_an_arm_that_fails_verification_is_refused_and_not_run(rig, caplog):
-    model = rig.channel_dir / CELL / "bundles" / rig.bundles["candidate"] / "model.safetensors"
-    model.write_bytes(model.read_bytes()[:-1] + b"!")
+def ran_nothing(rig) -> bool:
+    return not rig.landing.exists() and rig.line.shift is None  # not one episode ran
+
+
+def test_an_arm_whose_bytes_differ_from_the_signed_target_is_refused_and_not_run(rig, caplog):
+    # Whoever can write to the channel swaps the candidate's weights (both copies).
+    bundle = rig.channel_dir / CELL / "bundles" / rig.bundles["candidate"]
+    targets = rig.channel_dir / "tuf" / "targets" / CELL / rig.bundles["candidate"]
+    for model in [bundle / "model.safetensors", *targets.glob("*.model.safetensors")]:
+        model.write_bytes(model.read_bytes()[:-1] + b"!")
     with caplog.at_level("ERROR", logger="realloop.cell"):
         assert rig.runner.run(rig.request) == "refused"
-    assert "size or sha256 differs" in caplog.text and rig.request_id in caplog.text
-    assert not rig.landing.exists() and rig.line.shift is None  # not one episode ran
+    assert "hash mismatch" in caplog.text and rig.request_id in caplog.text
+    assert ran_nothing(rig)
     assert rig.runner.next_request() is None
+
+
+def test_an_unsigned_request_is_never_seen(rig):
+    """The old unsigned layout, and a trials.json target file no metadata lists: nothing."""
+    withdraw_request(rig.channel, CELL, rig.request_id, "test", rig.signing)
+    forged = {**rig.document, "format": 1, "request_id": new_request_id(CELL)}
+    body = json.dumps({"format": 1, "requests": [forged]}).encode()
+    rig.channel.put_bytes(f"{CELL}/trials/{forged['request_id']}.json", json.dumps(forged).encode())
+    rig.channel.put_bytes(f"tuf/targets/{trials_target(CELL)}", body)
+    rig.channel.put_bytes(f"tuf/targets/{CELL}/{sha256_bytes(body)}.trials.json", body)
+    assert rig.runner.next_request() is None
+    assert rig.runner.run(forged) == "refused"  # even if handed it: its list is not signed
+    assert ran_nothing(rig)
+
+
+def test_a_request_signed_with_an_attackers_key_is_refused(rig, caplog):
+    # Even with the online timestamp, snapshot and targets keys: the cell's role signed by
+    # another key fails the delegation, so the box sees no request at all.
+    import shutil
+
+    from edge.keys import generate_key
+
+    attacker = rig.tmp_path / "attacker-keys"
+    shutil.copytree(rig.keys, attacker)
+    generate_key(attacker, CELL, replace=True)
+    withdraw_request(rig.channel, CELL, rig.request_id, "test", rig.signing)
+    forged = {**rig.document, "request_id": new_request_id(CELL)}
+    publish_request(rig.channel, forged, Signing(attacker, EXPIRY_S))
+    with caplog.at_level("WARNING", logger="realloop.cell"):
+        assert rig.runner.next_request() is None
+    assert "bad signature" in caplog.text
+    assert rig.runner.run({**forged, "format": 1}) == "refused"
+    assert ran_nothing(rig)

@@ -83,7 +83,7 @@ def fleet_params(workspace: Path, channel: str, timeout_s: int, name="params.yam
     params = yaml.safe_load(path.read_text())
     params["fleet"]["cells"] = list(CELLS)
     params["promote"]["channel"] = channel
-    params["trials"].update(episodes=EPISODES_PER_ARM, timeout_s=timeout_s, poll_s=2)
+    params["trials"].update(max_episodes=EPISODES_PER_ARM, timeout_s=timeout_s, poll_s=2)
     target = workspace / name
     target.write_text(yaml.safe_dump(params))
     return target

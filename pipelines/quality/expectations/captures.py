@@ -24,7 +24,17 @@ from __future__ import annotations
 from pipelines.quality.expectations.common import CRITICAL, WARNING, meta
 
 TABLE = "captures"
-CAPTURE_REASONS = ("low_confidence", "operator_flag", "safety_stop", "near_failure", "retry")
+# `ood`: the edge box handed a step to the fallback; `rollback`: its health check rolled a
+# newly activated model back (refcell/process/health.py; docs/data-contract.md).
+CAPTURE_REASONS = (
+    "low_confidence",
+    "operator_flag",
+    "safety_stop",
+    "near_failure",
+    "retry",
+    "ood",
+    "rollback",
+)
 COLUMNS = (
     "episode_id",
     "reason",

@@ -1,7 +1,14 @@
 """Failure-mode triage: why did a line episode fail, told from its logs alone (`report` says
 how; docs/triage.md is the reference)."""
 
-from pipelines.quality.triage.report import CaptureRef, TriageReport, triage, triage_dataset
+from pipelines.quality.triage.report import (
+    NOVEL_PART_KINDS,
+    CaptureRef,
+    TriageReport,
+    part_kinds,
+    triage,
+    triage_dataset,
+)
 from pipelines.quality.triage.rules import (
     CLASSES,
     CONTROL,
@@ -13,20 +20,25 @@ from pipelines.quality.triage.rules import (
     classify,
 )
 from pipelines.quality.triage.signals import Signals, episode_signals
+from pipelines.quality.triage.snapshots import SnapshotPart, read_snapshot
 
 __all__ = [
     "CLASSES",
     "CONTROL",
     "NOVEL_PART",
+    "NOVEL_PART_KINDS",
     "PERCEPTION",
     "PHYSICS",
     "SAFETY",
     "CaptureRef",
     "Signals",
+    "SnapshotPart",
     "TriageReport",
     "Verdict",
     "classify",
     "episode_signals",
+    "part_kinds",
+    "read_snapshot",
     "triage",
     "triage_dataset",
 ]

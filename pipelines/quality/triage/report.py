@@ -16,6 +16,7 @@ Each failed episode, and each edge-case capture, gets one of `CLASSES`:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -39,10 +40,13 @@ from pipelines.quality.triage.rules import (
     classify,
 )
 from pipelines.quality.triage.signals import Signals, episode_signals, rounded
+from pipelines.quality.triage.snapshots import read_snapshots, snapshot_evidence
 
 # The review queue puts rare and actionable classes first: a safety stop is reviewed before a
 # new kind of part, which comes before the line's known, systematic perception problem.
 QUEUE_CLASS_ORDER = (SAFETY, NOVEL_PART, CONTROL, PHYSICS, PERCEPTION)
+# Part kinds (`part_kinds`) that are not the part the cell was built for.
+NOVEL_PART_KINDS = ("larger", "smaller")
 # ...and among captures of one class, the reasons a person most needs to see first.
 QUEUE_REASON_ORDER = ("safety_stop", "operator_flag", "near_failure", "retry", "low_confidence")
 
@@ -65,6 +69,17 @@ class TriageReport:
     verdicts: list[Verdict]  # one per failed episode
     signals: dict[str, Signals]  # by episode id, failed episodes
     captures: list[dict]  # the review queue, sorted by priority
+    # By episode id, every episode: "standard", "larger", "smaller" (the part as its snapshot
+    # draws it, else as the camera measured it), or "unknown" (neither).
+    parts: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def novel_part_episodes(self) -> list[str]:
+        """Episodes with a part the cell was not built for, failed or not, and the failures
+        triage blamed on the part: what data selection keeps and weights (docs/triage.md,
+        "Novel parts for data selection")."""
+        other = {e for e, kind in self.parts.items() if kind in NOVEL_PART_KINDS}
+        blamed = {v.episode_id for v in self.verdicts if v.failure_class == NOVEL_PART}
+        return sorted(other | blamed)
 
     def counts(self) -> dict[str, int]:
         found = Counter(v.failure_class for v in self.verdicts)
@@ -94,6 +109,8 @@ class TriageReport:
             "rules": dict(sorted(Counter(v.rule for v in self.verdicts).items())),
             "captures": len(self.captures),
             "capture_counts": {c: capture_counts.get(c, 0) for c in CLASSES},
+            "parts": dict(sorted(Counter(self.parts.values()).items())),
+            "novel_part_episodes": self.novel_part_episodes(),
             "worst": self.worst(per_class),
             "queue": self.captures,
         }
@@ -110,18 +127,26 @@ def triage(
     params: TriageParams,
     captures: Iterable[CaptureRef] = (),
     capture_window_steps: int | None = None,
+    captures_dir: Path | None = None,
 ) -> TriageReport:
     """Classify every failed episode, and every capture (listed in `captures`, or else
-    taken from the episodes' `edge_case_reasons`), and sort the captures for review."""
+    taken from the episodes' `edge_case_reasons`), and sort the captures for review. With
+    `captures_dir`, the captures' snapshots there measure the part and the camera's offset
+    (`snapshots`)."""
     success = episodes.column("success").to_numpy(zero_copy_only=False)
     failed = episodes.filter(pa.array(~success))
-    signals = {s.episode_id: s for s in episode_signals(failed, steps, cell, params)}
+    ids = episodes.column("episode_id").to_pylist()
+    refs = list(captures) or _captures_from_episodes(episodes)
+    refs = [r for r in refs if r.episode_id in set(ids)]
+    seen = _snapshot_evidence(refs, captures_dir, steps, ids, params)
+    signals = {
+        s.episode_id: _with_snapshots(s, seen) for s in episode_signals(failed, steps, cell, params)
+    }
     verdicts = [classify(signals[e], params) for e in failed.column("episode_id").to_pylist()]
     by_id = {v.episode_id: v for v in verdicts}
-    refs = list(captures) or _captures_from_episodes(episodes)
-    ids = episodes.column("episode_id").to_pylist()
-    refs = [r for r in refs if r.episode_id in set(ids)]
-    judged = _capture_verdicts(episodes, steps, cell, params, refs, by_id, capture_window_steps)
+    judged = _capture_verdicts(
+        episodes, steps, cell, params, refs, by_id, capture_window_steps, seen
+    )
     causes = dict(zip(ids, episodes.column("failure_cause").to_pylist(), strict=True))
     queue = [
         _capture_row(ref, verdict, ref.episode_id in by_id, causes[ref.episode_id])
@@ -130,7 +155,61 @@ def triage(
     queue.sort(key=_queue_key)
     for rank, row in enumerate(queue, start=1):
         row["rank"] = rank
-    return TriageReport(episodes.num_rows, verdicts, signals, queue)
+    return TriageReport(
+        episodes.num_rows, verdicts, signals, queue, part_kinds(episodes, seen, params)
+    )
+
+
+def part_kinds(
+    episodes: pa.Table, seen: Mapping[str, tuple[float, float]], params: TriageParams
+) -> dict[str, str]:
+    """Each episode's part: its snapshot's radius against half the nominal extent where a
+    snapshot was measured (exact: the snapshot draws the true part), else the camera's
+    extent measurement against the nominal extent (noisier: a box measures within 3 sigma
+    of the standard part, so some boxes read as standard)."""
+    out = {}
+    ids = episodes.column("episode_id").to_pylist()
+    extents = episodes.column("part_extent_m").to_pylist()
+    for episode_id, extent in zip(ids, extents, strict=True):
+        radius = seen.get(episode_id, (float("nan"), 0.0))[0]
+        if np.isfinite(radius):
+            off, tolerance = (
+                radius - params.nominal_part_extent_m / 2,
+                params.part_radius_tolerance_m,
+            )
+        elif extent:
+            off, tolerance = (
+                float(np.mean(extent)) - params.nominal_part_extent_m,
+                params.extent_tolerance_m,
+            )
+        else:
+            out[episode_id] = "unknown"
+            continue
+        out[episode_id] = (
+            "larger" if off > tolerance else "smaller" if off < -tolerance else "standard"
+        )
+    return out
+
+
+def _snapshot_evidence(
+    refs: list[CaptureRef],
+    captures_dir: Path | None,
+    steps: pa.Table,
+    ids: list[str],
+    params: TriageParams,
+) -> dict[str, tuple[float, float]]:
+    if captures_dir is None:
+        return {}
+    listed = [(r.episode_id, r.step, r.attachments) for r in refs]
+    snapshots = read_snapshots(listed, Path(captures_dir), params.snapshot_half_width_m)
+    return snapshot_evidence(snapshots, steps, ids, params)
+
+
+def _with_snapshots(s: Signals, seen: Mapping[str, tuple[float, float]]) -> Signals:
+    if s.episode_id not in seen:
+        return s
+    radius, offset = seen[s.episode_id]
+    return dataclasses.replace(s, part_radius_m=radius, camera_offset_m=offset)
 
 
 def _captures_from_episodes(episodes: pa.Table) -> list[CaptureRef]:
@@ -150,6 +229,7 @@ def _capture_verdicts(
     refs: list[CaptureRef],
     episode_verdicts: Mapping[str, Verdict],
     window_steps: int | None,
+    seen: Mapping[str, tuple[float, float]],
 ) -> list[tuple[Verdict, str]]:
     """A capture of a failed episode takes the episode's verdict: it is evidence of that
     failure. A capture of an episode that succeeded is judged on its own window: the steps
@@ -168,7 +248,9 @@ def _capture_verdicts(
             until = {e: r.step for e, r in batch.items() if r.step is not None}
             subset = rows.filter(pc.is_in(rows.column("episode_id"), pa.array(sorted(batch))))
             for s in episode_signals(subset, steps, cell, params, until, window_steps):
-                judged[(s.episode_id, batch[s.episode_id].reason)] = classify(s, params)
+                judged[(s.episode_id, batch[s.episode_id].reason)] = classify(
+                    _with_snapshots(s, seen), params
+                )
     out = []
     for ref in refs:
         if ref.episode_id in episode_verdicts:
@@ -267,4 +349,4 @@ def triage_dataset(
     if episodes.num_rows == 0:
         raise FileNotFoundError(f"{dataset}: no episodes in the dataset; run `realloop ingest`")
     refs = read_capture_sidecars(captures_dir, episodes) if captures_dir else []
-    return triage(episodes, steps, cell, params, refs, capture_window_steps)
+    return triage(episodes, steps, cell, params, refs, capture_window_steps, captures_dir)

@@ -66,7 +66,8 @@ class Verdict:
 # The rules in the order they are checked; the first that holds decides.
 RULES = (
     ("safety_stop", SAFETY),
-    ("novel_part_with_healthy_perception", NOVEL_PART),
+    ("novel_part_with_small_camera_offset", NOVEL_PART),  # snapshots measured the camera
+    ("novel_part_with_healthy_perception", NOVEL_PART),  # without snapshots
     ("perception_off", PERCEPTION),
     ("control_off", CONTROL),
     ("physics_off", PHYSICS),
@@ -97,6 +98,11 @@ def class_evidence(s: Signals, params: TriageParams) -> dict[str, list[Evidence]
         NOVEL_PART: [
             _above("extent_offset_m", abs(s.extent_offset_m), params.extent_tolerance_m),
             _above("yaw_turn_rad", s.yaw_turn_rad, params.max_part_turn_rad),
+            _above(
+                "part_radius_offset_m",
+                abs(_radius_offset(s, params)),
+                params.part_radius_tolerance_m,
+            ),
         ],
         PERCEPTION: [
             _below("confidence_mean", s.confidence_mean, params.min_confidence),
@@ -111,8 +117,54 @@ def class_evidence(s: Signals, params: TriageParams) -> dict[str, list[Evidence]
     }
 
 
+def _radius_offset(s: Signals, params: TriageParams) -> float:
+    """The part's radius in its snapshot against the standard part's (NaN without one)."""
+    return s.part_radius_m - params.nominal_part_extent_m / 2
+
+
+def _under(signal: str, value: float, limit: float) -> Evidence:
+    """For a signal that must stay under its limit for a rule to hold; strength > 1 there."""
+    strength = limit / value if np.isfinite(value) and value > 0 else float(np.isfinite(value))
+    return Evidence(signal, value, "<", limit, float(strength))
+
+
+def _part_seen_to_blame(s: Signals, shape: list[Evidence], params: TriageParams) -> list[Evidence]:
+    """With snapshots: the evidence that blames the part, or [] (docs/triage.md, rule 2).
+
+    The snapshots measured the camera's offset at this episode's light (`camera_offset_m`).
+    Above `max_camera_offset_m` a standard part fails as well: the camera is to blame. Below
+    it, a standard part would have made it, and the part is blamed where the logs show how:
+    a larger part whose extra size adds to the camera's offset along the push (`push_gap_m`
+    >= `min_push_gap_m`), or a box (smaller in its snapshot, or turning) that did not swing
+    round so far that the policy was chasing it round the table (`yaw_turn_rad` <=
+    `max_box_turn_rad`), as it would have chased a cylinder.
+    """
+    if not s.camera_offset_m <= params.max_camera_offset_m:
+        return []
+    tolerance = params.part_radius_tolerance_m
+    if np.isfinite(s.part_radius_m):  # the snapshot decides the kind of part
+        larger = _radius_offset(s, params) > tolerance
+        box = _radius_offset(s, params) < -tolerance
+    else:  # no snapshot of this episode: the camera's extent, and how the part turned
+        larger = s.extent_offset_m > params.extent_tolerance_m
+        box = not larger and (
+            s.extent_offset_m < -params.extent_tolerance_m
+            or s.yaw_turn_rad > params.max_part_turn_rad
+        )
+    offset = _under("camera_offset_m", s.camera_offset_m, params.max_camera_offset_m)
+    size = [e for e in shape if e.signal in ("part_radius_offset_m", "extent_offset_m")][:1]
+    if larger and np.isfinite(s.push_gap_m) and s.push_gap_m >= params.min_push_gap_m:
+        detail = f"push_gap_m {s.push_gap_m:.4f} >= {params.min_push_gap_m}"
+        return [dataclasses.replace(e, detail=detail) for e in size] + [offset]
+    if box and not s.yaw_turn_rad > params.max_box_turn_rad:
+        turn = f"yaw_turn_rad {s.yaw_turn_rad:.3f} <= {params.max_box_turn_rad}"
+        return [dataclasses.replace(e, detail=turn) for e in size or shape[:1]] + [offset]
+    return []
+
+
 def _part_to_blame(s: Signals, shape: list[Evidence], params: TriageParams) -> list[Evidence]:
-    """The part-shape evidence that blames the part, with a healthy camera; [] if none.
+    """Without snapshots: the part-shape evidence that blames the part, with a healthy
+    camera; [] if none.
 
     Only a part larger than nominal is blamed, and only when the camera's offset along the
     push does not cancel its extra size. The policy places its pusher for the nominal part,
@@ -137,9 +189,11 @@ def classify(s: Signals, params: TriageParams) -> Verdict:
     """One class for a failed episode or a capture window: the first rule of RULES that holds.
 
     - safety: the cell stopped on a safety limit. Certain, and nothing else matters.
-    - novel_part: the part is larger than the one the cell was built for, perception looks
-      healthy, and the camera's offset along the push does not cancel the part's extra size:
-      a standard part would not have suffered that error (`_part_to_blame`).
+    - novel_part: the part is not the one the cell was built for, and a standard part would
+      not have failed so: with snapshots, the camera's offset they measured is one a standard
+      part tolerates, and the part's extra size adds to it, or the box was not chased round
+      (`_part_seen_to_blame`); without, a larger part, perception looks healthy, and the
+      camera's offset along the push does not cancel its extra size (`_part_to_blame`).
     - perception: the camera was unsure, noisy, or offset (the pusher appears inside the part).
     - control: commands reached the gantry late, or it tracked them poorly.
     - physics: the part slid other than with the pusher (a slippery table, a heavier part).
@@ -158,11 +212,15 @@ def classify(s: Signals, params: TriageParams) -> Verdict:
 
     if holds[SAFETY]:
         return verdict("safety_stop", SAFETY, holds[SAFETY])
-    if holds[NOVEL_PART] and not holds[PERCEPTION]:
+    if holds[NOVEL_PART] and np.isfinite(s.camera_offset_m):
+        blamed = _part_seen_to_blame(s, holds[NOVEL_PART], params)
+        if blamed:
+            return verdict("novel_part_with_small_camera_offset", NOVEL_PART, blamed)
+    elif holds[NOVEL_PART] and not holds[PERCEPTION]:
         blamed = _part_to_blame(s, holds[NOVEL_PART], params)
         if blamed:
             return verdict("novel_part_with_healthy_perception", NOVEL_PART, blamed)
-    for rule, cls in RULES[2:5]:
+    for rule, cls in RULES[3:6]:
         if holds[cls]:
             return verdict(rule, cls, holds[cls])
     # The part's shape never decides on its own: it was checked, with its conditions, above.

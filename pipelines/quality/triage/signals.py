@@ -44,6 +44,9 @@ class Signals:
     tracking_error_mps: float  # RMS of measured minus commanded velocity at that lag
     slide_m: float  # distance the part moved other than with the pusher (slip)
     final_distance_m: float  # perceived part to target at the window's end
+    # From the capture snapshots (`snapshots.snapshot_evidence`); NaN without them.
+    part_radius_m: float = float("nan")  # the part's radius as the snapshots draw it
+    camera_offset_m: float = float("nan")  # the camera's offset at this episode's light
 
     def as_dict(self) -> dict:
         return {k: rounded(v) for k, v in asdict(self).items()}

@@ -1,0 +1,234 @@
+"""The box's runtime: the active bundle's ONNX policy, its out-of-distribution screen, and a
+swap to a newly activated bundle between episodes.
+
+A bundle the runtime can run holds, next to the safetensors weights, `policy.onnx` (the
+exported network, checked against torch when it was written) and `ood.json` (statistics of
+the policy's training observations and a threshold calibrated on held-out ones). Per step the
+cell asks `screen(observation)`: beyond the OOD threshold, or below the perception confidence
+the box trusts, the step goes to the cell's fallback instead of the policy.
+
+Standard library, numpy and onnxruntime only: the box installs without torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ONNX_FILE = "policy.onnx"
+OOD_FILE = "ood.json"
+EXPORT_FILE = "export.json"
+CONFIG_FILE = "config.json"
+OOD_FORMAT = 1
+OBS_SIZE = 12  # pipelines.contract.schema.OBS_SIZE; the box cannot import it
+CONFIDENCE_INDEX = 7
+FEATURES = "relative-v1"  # the name of `ood_features` below, recorded in ood.json
+
+OOD, LOW_CONFIDENCE = "ood", "low_confidence"
+
+
+class RuntimeLoadError(ValueError):
+    """A bundle folder the runtime cannot run; the message names the file and what to do."""
+
+
+def ood_features(obs: np.ndarray) -> np.ndarray:
+    """(..., 12) observations -> (..., 12) float64 features the OOD score is computed on.
+
+    Where things are relative to each other (as the policy sees them), how fast the gantry
+    moves against what it was told (a heavier or larger part slows it), the part's distance
+    and orientation (a different part sits further from the pusher in contact, and a box
+    turns), and the perception confidence (it drops with the light)."""
+    obs = np.asarray(obs, dtype=np.float64)
+    pusher, velocity = obs[..., 0:2], obs[..., 2:4]
+    part, yaw, confidence = obs[..., 4:6], obs[..., 6:7], obs[..., 7:8]
+    target, last_action = obs[..., 8:10], obs[..., 10:12]
+    to_part = part - pusher
+    return np.concatenate(
+        [
+            to_part,
+            np.linalg.norm(to_part, axis=-1, keepdims=True),
+            target - part,
+            velocity,
+            last_action,
+            confidence,
+            np.sin(4 * yaw),
+            np.cos(4 * yaw),
+        ],
+        axis=-1,
+    )
+
+
+@dataclass(frozen=True)
+class OodModel:
+    """A Mahalanobis distance under the training observations' mean and covariance: the
+    distance is |W (f(x) - mean)| with W the inverse Cholesky factor of the covariance."""
+
+    mean: np.ndarray
+    whitening: np.ndarray
+    threshold: float
+    confidence_floor: float = 0.0  # the training confidence's lower tail (ood.py)
+
+    @classmethod
+    def from_record(cls, record: Any, where: str) -> OodModel:
+        try:
+            if record.get("format") != OOD_FORMAT or record.get("features") != FEATURES:
+                raise ValueError(
+                    f"format {record.get('format')} / features {record.get('features')!r}, "
+                    f"this box reads format {OOD_FORMAT} / {FEATURES!r}"
+                )
+            mean = np.asarray(record["mean"], dtype=np.float64)
+            whitening = np.asarray(record["whitening"], dtype=np.float64)
+            threshold = float(record["threshold"])
+            floor = float(record["confidence_floor"])
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise RuntimeLoadError(
+                f"{where}: not an OOD model ({exc}); re-export the policy"
+            ) from None
+        size = ood_features(np.zeros(OBS_SIZE)).shape[-1]
+        if mean.shape != (size,) or whitening.shape != (size, size) or not math.isfinite(threshold):
+            raise RuntimeLoadError(
+                f"{where}: mean/whitening/threshold do not fit {size} features; re-export"
+            )
+        return cls(mean, whitening, threshold, floor)
+
+    def scores(self, observations: np.ndarray) -> np.ndarray:
+        """The distance of each of (n, 12) observations (vectorised: benches, calibration)."""
+        centred = ood_features(observations) - self.mean
+        return np.linalg.norm(centred @ self.whitening.T, axis=-1)
+
+    def score(self, observation: np.ndarray) -> float:
+        return float(self.scores(np.asarray(observation)[None, :])[0])
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """Why a step went to the fallback: `reason` is `ood` or `low_confidence`."""
+
+    reason: str
+    score: float
+    threshold: float
+    confidence: float
+
+
+class PolicySession:
+    """One bundle folder, loaded completely: the ONNX session, the OOD model, the name.
+
+    `min_confidence`: the box's own floor on perception confidence (params); the bundle's
+    floor (the training data's lower tail) applies too, whichever is higher."""
+
+    def __init__(self, folder: str | Path, min_confidence: float):
+        self.folder = Path(folder)
+        self.min_confidence = float(min_confidence)
+        for name in (ONNX_FILE, OOD_FILE, CONFIG_FILE):
+            if not (self.folder / name).is_file():
+                raise RuntimeLoadError(
+                    f"{self.folder / name}: missing; the box runs bundles exported with "
+                    f"{ONNX_FILE} and {OOD_FILE} (re-train or re-promote the model)"
+                )
+        self.name = str(_read_json(self.folder / CONFIG_FILE).get("version", self.folder.name))
+        self.ood_model = OodModel.from_record(
+            _read_json(self.folder / OOD_FILE), str(self.folder / OOD_FILE)
+        )
+        self._session, self._input = _onnx_session(self.folder / ONNX_FILE)
+        self.confidence_floor = max(self.min_confidence, self.ood_model.confidence_floor)
+
+    def act(self, observation: np.ndarray) -> np.ndarray:
+        x = np.asarray(observation, dtype=np.float32).reshape(1, OBS_SIZE)
+        return self._session.run(None, {self._input: x})[0][0].astype(np.float64)
+
+    def act_batch(self, observations: np.ndarray) -> np.ndarray:
+        x = np.ascontiguousarray(observations, dtype=np.float32).reshape(-1, OBS_SIZE)
+        return self._session.run(None, {self._input: x})[0]
+
+    def ood(self, observation: np.ndarray) -> tuple[float, bool]:
+        score = self.ood_model.score(observation)
+        return score, score > self.ood_model.threshold
+
+    def screen(self, observation: np.ndarray) -> Fallback | None:
+        """None: the policy may act on this observation; else why the fallback must."""
+        score, is_ood = self.ood(observation)
+        confidence = float(observation[CONFIDENCE_INDEX])
+        if confidence < self.confidence_floor:
+            return Fallback(LOW_CONFIDENCE, score, self.ood_model.threshold, confidence)
+        if is_ood:
+            return Fallback(OOD, score, self.ood_model.threshold, confidence)
+        return None
+
+
+class EdgeRuntime:
+    """What the cell's controller calls: the session of the episode under way.
+
+    `prepare` loads a new bundle completely (a failure leaves the running session as it was);
+    the prepared session takes over at the next `begin_episode`, so an episode never changes
+    model halfway and no step waits on a load."""
+
+    def __init__(self, session: PolicySession):
+        self._active = session
+        self._pending: PolicySession | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def session(self) -> PolicySession:
+        return self._active
+
+    @property
+    def name(self) -> str:
+        return self._active.name
+
+    def prepare(self, folder: str | Path) -> PolicySession:
+        session = PolicySession(folder, self._active.min_confidence)
+        with self._lock:
+            self._pending = session
+        return session
+
+    def begin_episode(self) -> PolicySession:
+        with self._lock:
+            if self._pending is not None:
+                self._active, self._pending = self._pending, None
+        return self._active
+
+    def act(self, observation: np.ndarray) -> np.ndarray:
+        return self._active.act(observation)
+
+    def screen(self, observation: np.ndarray) -> Fallback | None:
+        return self._active.screen(observation)
+
+
+def has_runtime_files(folder: str | Path) -> bool:
+    """True when the bundle carries what the runtime needs (older bundles do not)."""
+    return all((Path(folder) / name).is_file() for name in (ONNX_FILE, OOD_FILE))
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RuntimeLoadError(f"{path}: unreadable ({exc}); pull the bundle again") from None
+    if not isinstance(value, dict):
+        raise RuntimeLoadError(f"{path}: not a JSON object; pull the bundle again")
+    return value
+
+
+def _onnx_session(path: Path):
+    import onnxruntime as ort  # about 0.3 s to import: only once there is a model
+
+    options = ort.SessionOptions()
+    # One step at a time on a shared box: one thread has the lowest latency (bench/edge.py).
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3  # errors only: warnings would flood the cell's log
+    try:
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime raises its own exception types, undocumented
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise RuntimeLoadError(f"{path}: not a loadable ONNX model ({first})") from None
+    inputs = session.get_inputs()
+    if len(inputs) != 1 or inputs[0].shape[-1] != OBS_SIZE:
+        raise RuntimeLoadError(f"{path}: expects {OBS_SIZE} observation values in one input")
+    return session, inputs[0].name

@@ -1,0 +1,68 @@
+"""Fitting the box's out-of-distribution score on a policy's training observations.
+
+The score is a Mahalanobis distance (edge.runtime.OodModel) under the mean and covariance of
+the training observations' features. A distance over twelve features hardly moves when one of
+them does, and the one that matters most at the edge of the training data is the perception
+confidence (it falls with the light), so that one also gets a floor of its own. The two share
+the false-alarm budget: the distance's threshold is the (1 - false_alarm / 2) quantile on
+held-out training observations, the confidence floor their false_alarm / 2 quantile, so at most
+about `false_alarm` of in-distribution steps go to the fallback.
+
+Held out are whole blocks of consecutive rows (about an episode each): the steps of one
+episode look alike, and a threshold calibrated on their twins would be too low.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edge.runtime import CONFIDENCE_INDEX, FEATURES, OOD_FORMAT, OodModel, ood_features
+
+HOLDOUT_FRACTION = 0.2
+BLOCK_ROWS = 100  # consecutive rows held out together: one episode is 100 control steps
+MIN_ROWS = 30  # fewer: no covariance of 12 features worth the name
+RIDGE = 1e-6  # relative to the mean variance: a feature that never varied stays invertible
+
+
+def fit_ood(observations: np.ndarray, false_alarm: float, seed: int = 0) -> dict:
+    """The ood.json record for (n, 12) training observations, calibrated at `false_alarm`."""
+    observations = np.asarray(observations, dtype=np.float64)
+    if len(observations) < MIN_ROWS:
+        raise ValueError(
+            f"{len(observations)} training observations: the OOD score needs at least {MIN_ROWS}"
+        )
+    fit_rows, held_rows = _split(len(observations), seed)
+    features = ood_features(observations[fit_rows])
+    mean = features.mean(axis=0)
+    covariance = np.cov(features, rowvar=False)
+    covariance += np.eye(len(mean)) * RIDGE * float(np.trace(covariance)) / len(mean)
+    whitening = np.linalg.inv(np.linalg.cholesky(covariance))
+    held = OodModel(mean, whitening, np.inf).scores(observations[held_rows])
+    threshold = float(np.quantile(held, 1.0 - false_alarm / 2, method="higher"))
+    confidence = observations[held_rows, CONFIDENCE_INDEX]
+    floor = float(np.quantile(confidence, false_alarm / 2, method="lower"))
+    flagged = (held > threshold) | (confidence < floor)
+    return {
+        "format": OOD_FORMAT,
+        "features": FEATURES,
+        "score": "mahalanobis",
+        "mean": mean.tolist(),
+        "whitening": whitening.tolist(),
+        "threshold": threshold,
+        "confidence_floor": floor,
+        "false_alarm": false_alarm,
+        "fit_rows": len(fit_rows),
+        "calibration_rows": len(held_rows),
+        "calibration_false_alarm": float(np.mean(flagged)),
+    }
+
+
+def _split(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Row indexes (fit, held out): whole blocks of BLOCK_ROWS, HOLDOUT_FRACTION of them."""
+    # Small training sets (tests, a first cycle) still get five or more blocks.
+    blocks = np.arange(n) // max(1, min(BLOCK_ROWS, n // 5))
+    count = int(blocks[-1]) + 1
+    held_blocks = max(1, round(count * HOLDOUT_FRACTION))
+    chosen = np.random.default_rng(seed).permutation(count)[:held_blocks]
+    held = np.isin(blocks, chosen)
+    return np.flatnonzero(~held), np.flatnonzero(held)
