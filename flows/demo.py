@@ -118,7 +118,7 @@ def _write_demo_params(params_path: Path, fleet: Fleet) -> Path:
     """params.yaml with the demo's fleet, trial size and polling: the loop reads only params."""
     document = yaml.safe_load(Path(params_path).read_text())
     demo = document["demo"]
-    document["fleet"] = {"cells": list(fleet.cells)}
+    document["fleet"]["cells"] = list(fleet.cells)
     document["trials"] |= {
         "max_episodes": demo["trial_episodes"],
         "poll_s": demo["poll_s"],
