@@ -296,7 +296,7 @@ def box_line(box: dict) -> str:
     decision = box.get("decision") or {}
     attested = decision.get("attestation") or {}
     if attested:
-        rates = attested.get("success_rates") or {}
+        rates = {arm: _percent(rate) for arm, rate in (attested.get("success_rates") or {}).items()}
         why = (
             f"gate attestation: verdict {attested.get('verdict')} on trial request "
             f"{attested.get('request_id')} (candidate {rates.get('candidate')}, incumbent "
@@ -308,6 +308,10 @@ def box_line(box: dict) -> str:
         f"model version {box.get('model_version')}, {why}, signed: "
         f"{str(box.get('signed')).lower()}, intact: {str(box.get('intact')).lower()}"
     )
+
+
+def _percent(rate) -> str:
+    return f"{rate:.0%}" if isinstance(rate, int | float) else str(rate)
 
 
 def _cycle_rows(summary: dict) -> dict:
