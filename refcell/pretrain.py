@@ -54,19 +54,9 @@ def collect_labelled(
     return np.stack(observations), np.stack(labels), successes / max(episodes, 1)
 
 
-def pretrain(
-    sim_world: World,
-    cell_params: CellParams,
-    params: PretrainParams,
-    progress: Progress | None = None,
-    on_epoch: Callable[[EpochMetrics], None] | None = None,
-    version: str = "sim-0",
-    trained_on: dict | None = None,
-) -> PolicyNet:
-    """`sim_world` may be the plain sim or a calibrated one (refcell.world.calibrated_world)."""
-    net, _ = pretrain_with_observations(
-        sim_world, cell_params, params, progress, on_epoch, version, trained_on
-    )
+def pretrain(*args, **kwargs) -> PolicyNet:
+    """The sim-pretrained policy alone: `pretrain_with_observations` without the observations."""
+    net, _ = pretrain_with_observations(*args, **kwargs)
     return net
 
 
@@ -79,8 +69,9 @@ def pretrain_with_observations(
     version: str = "sim-0",
     trained_on: dict | None = None,
 ) -> tuple[PolicyNet, np.ndarray]:
-    """`pretrain`, and the observations it trained on (the edge export's parity check and OOD
-    statistics: pipelines.training.onnx_export)."""
+    """Behaviour cloning plus DAgger in the sim, and the observations it trained on (the edge
+    export's parity check and OOD statistics: pipelines.training.onnx_export). `sim_world` may
+    be the plain sim or a calibrated one (refcell.world.calibrated_world)."""
     seed_everything(params.seed)
     net = PolicyNet(
         PolicyConfig(
