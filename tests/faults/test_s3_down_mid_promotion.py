@@ -91,10 +91,10 @@ def test_the_channel_never_names_an_incomplete_release_and_the_next_promotion_su
         first.bundle["model_version"]
     )
     back_s = bring_back(profile)
-    keys = [k for k in _keys(profile, channel) if "/bundles/" in k]
-    second_id = _bundle_ids(keys) - {first.bundle["bundle_id"]}
+    listed = [k for k in _keys(profile, channel) if "/bundles/" in k]
+    second_id = _bundle_ids(listed) - {first.bundle["bundle_id"]}
     assert len(second_id) == 1  # the incomplete bundle: one file, no manifest
-    assert not [k for k in keys if k.endswith("manifest.json") and second_id & set(k.split("/"))]
+    assert not [k for k in listed if k.endswith("manifest.json") and second_id & set(k.split("/"))]
     assert current_release(channel, CELL)["bundle_id"] == first.bundle["bundle_id"]
     pulled = _pull(channel, box, dict(os.environ), root)
     assert pulled.returncode == 0, pulled.stderr

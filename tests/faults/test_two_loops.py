@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from edge.channels import open_channel
+from edge.release import current_release
 from edge.trials import open_requests, read_history
 from flows import loop_lock
 from pipelines.contract.params import load_params
@@ -45,8 +46,9 @@ def test_two_loops_at_once_one_runs_one_refuses_and_the_history_stays_consistent
     client = MlflowClient(in_profile.url("mlflow"))
     model = params.train.registered_model
     before = {v.version for v in client.search_model_versions(f"name = '{model}'")}
-    channel = open_channel(workspace / params.promote.channel)
-    released = channel.get_bytes("tuf/metadata/timestamp.json")  # the signed releases now
+    channel_uri = str(workspace / params.promote.channel)
+    channel = open_channel(channel_uri)
+    released = current_release(channel_uri, CELL)  # the cell's signed release now
 
     command = [sys.executable, "-m", "flows.cli", "loop", "--cell", CELL, "--json"]
     started = time.monotonic()
@@ -80,7 +82,7 @@ def test_two_loops_at_once_one_runs_one_refuses_and_the_history_stays_consistent
     assert after - before == {cell["training"]["model_version"]}, (before, after)
     requests = [e for e in read_history(channel, CELL) if e["action"] == "trial_requested"]
     assert len(requests) == 1 and open_requests(channel, CELL) == []
-    assert channel.get_bytes("tuf/metadata/timestamp.json") == released
+    assert current_release(channel_uri, CELL) == released  # trials came and went, no release
     with loop_lock.cells_locked(workspace, [CELL], None, params):
         pass  # released at the end of the cycle
     print(f"two loops at once: {took:.0f} s; refused with: {last}")
