@@ -195,6 +195,7 @@ def test_a_broken_policy_folder_is_refused_in_one_line_and_nothing_is_written(tm
     assert not (workspace / "data").exists() and not (workspace / "mlflow.db").exists()
 
 
+@pytest.mark.slow  # the command twice as a process (~16 s); the refusal is also tested in-process
 def test_the_command_prints_json_and_refuses_a_second_initial(tmp_path, policy, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     workspace = tmp_path / "workspace"

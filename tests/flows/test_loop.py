@@ -391,6 +391,7 @@ def summary_cell(summary: dict, cell_id: str) -> dict:
     return next(c for c in summary["cells"] if c["cell"] == cell_id)
 
 
+@pytest.mark.slow  # a second loop run (~20 s); the fleet cycle's skip is in test_cycle.py
 def test_a_cell_asked_for_without_a_production_model_is_skipped_with_the_way_out(cycle):
     run = realloop("loop", "--cell", "cell-12", "--json", cwd=cycle[0])
     assert run.returncode == 0, run.stderr

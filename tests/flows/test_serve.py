@@ -82,6 +82,7 @@ def write_params(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow  # a real serve process and an ingest run: ~40 s
 @pytest.mark.timeout(300)
 def test_serve_registers_schedules_and_runs_ingest(tmp_path):
     from prefect.client.orchestration import get_client

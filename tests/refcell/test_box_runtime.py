@@ -89,7 +89,11 @@ def test_steps_the_box_refuses_go_to_the_operator_and_are_logged_and_ingested(
     (log,) = sorted(landing.glob("*.mcap"))
     fallbacks = events(log, "fallback")
     steps = sum(e["steps"] for e in events(log, "end"))
-    assert len(fallbacks) == steps == len({(e["episode_id"], e["step"]) for e in fallbacks})
+    assert len(fallbacks) == len({(e["episode_id"], e["step"]) for e in fallbacks})  # once each
+    # Nearly every step: the camera's confidence is clipped at 1.0, which this floor lets
+    # through, and a few such steps can pass the OOD score too (the shift's draws follow the
+    # wall clock).
+    assert 0.95 * steps <= len(fallbacks) <= steps
     dark = [e for e in fallbacks if e["reason"] == "low_confidence"]
     assert len(dark) > steps / 2 and all(e["confidence"] < 0.99 for e in dark)
     # A step the camera was sure of still fails the synthetic training set's OOD statistics.
