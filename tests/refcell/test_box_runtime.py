@@ -105,9 +105,10 @@ def test_steps_the_box_refuses_go_to_the_operator_and_are_logged_and_ingested(
     assert not report.quarantined, report
     episodes, step_rows = read_dataset(tmp_path / "dataset")
     assert all("ood" in reasons for reasons in episodes["edge_case_reasons"].to_pylist())
-    # The operator drove every step: the next fine-tune has a label on each of these states.
-    assert all(step_rows["intervention"].to_pylist())
-    assert None not in step_rows["corrected_action"].to_pylist()
+    # The operator drove every refused step: the next fine-tune has a label on each of them.
+    driven = step_rows.filter(step_rows["intervention"])
+    assert driven.num_rows >= len(fallbacks)
+    assert None not in driven["corrected_action"].to_pylist()
 
 
 def test_with_the_fallback_off_the_policy_drives_every_step(params, tmp_path, onnx_folder):
