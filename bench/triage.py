@@ -1,6 +1,7 @@
 """Triage against the reference cell's ground truth, on whole recorded shifts.
 
-    .venv/bin/python -m bench.triage --seeds 101 102 103 [--episodes 1000] [--workdir DIR] [--json]
+    .venv/bin/python -m bench.triage --seeds 101 102 103 [--episodes 1000] [--workdir DIR]
+        [--baseline-params OLD.yaml] [--json]
 
 For each seed: record a shift of the sim policy (`models/sim-policy`) on the line, no
 operator, as the slow test does (`refcell.shift.record_shift`, which keeps each failed
@@ -11,7 +12,9 @@ over all seeds, twice: with the captures' snapshots (`snapshots`) and without th
 (`without_snapshots`: the rules as they were before snapshots were read, which is also what
 triage does on a dataset whose captures have no snapshots). With `--workdir`, each shift is
 recorded once into `<workdir>/seed-<seed>` and reused by later runs (a shift of 1,000
-episodes takes minutes); without it, a temporary folder is used and removed.
+episodes takes minutes); without it, a temporary folder is used and removed. With
+`--baseline-params`, the same shifts are also triaged with those params (with snapshots,
+`baseline`): a change of limits scored before and after on the same episodes.
 """
 
 from __future__ import annotations
@@ -36,14 +39,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--episodes", type=int, default=1000)
     parser.add_argument("--workdir", type=Path, help="keep (and reuse) recorded shifts here")
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    parser.add_argument(
+        "--baseline-params",
+        type=Path,
+        help="also score the same shifts with these params (with snapshots): before/after",
+    )
     parser.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     args = parser.parse_args(argv)
     try:
         if args.workdir:
-            report = run(args.seeds, args.episodes, args.workdir, args.params)
+            report = run(args.seeds, args.episodes, args.workdir, args.params, args.baseline_params)
         else:
             with tempfile.TemporaryDirectory(prefix="bench-triage-") as tmp:
-                report = run(args.seeds, args.episodes, Path(tmp), args.params)
+                report = run(
+                    args.seeds, args.episodes, Path(tmp), args.params, args.baseline_params
+                )
     except (FileNotFoundError, ValueError) as exc:
         print(f"bench.triage: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 1
@@ -142,7 +152,15 @@ def score_shift(params, root: Path, truth_path: Path, snapshots: bool) -> dict:
     return {"episodes": episode_pairs, "captures": capture_pairs}
 
 
-def run(seeds: list[int], episodes: int, workdir: Path, params_path: Path) -> dict:
+def run(
+    seeds: list[int],
+    episodes: int,
+    workdir: Path,
+    params_path: Path,
+    baseline_path: Path | None = None,
+) -> dict:
+    """Scores per seed and over all seeds: `without_snapshots`, `snapshots` (both with
+    `params_path`) and, with `baseline_path`, `baseline` (snapshots, those params)."""
     from pipelines.contract.params import load_params
 
     params = load_params(params_path)
@@ -151,9 +169,12 @@ def run(seeds: list[int], episodes: int, workdir: Path, params_path: Path) -> di
         root = Path(workdir) / f"seed-{seed}"
         shifts[seed] = (root, record(params, root, episodes, seed))
     out: dict = {"seeds": seeds, "episodes": episodes}
-    for name, snapshots in (("without_snapshots", False), ("snapshots", True)):
+    variants = [("without_snapshots", params, False), ("snapshots", params, True)]
+    if baseline_path is not None:
+        variants.insert(0, ("baseline", load_params(baseline_path), True))
+    for name, chosen, snapshots in variants:
         pairs = {
-            s: score_shift(params, root, truth, snapshots) for s, (root, truth) in shifts.items()
+            s: score_shift(chosen, root, truth, snapshots) for s, (root, truth) in shifts.items()
         }
         out[name] = {
             "per_seed": {str(s): {k: score(v) for k, v in p.items()} for s, p in pairs.items()},
@@ -166,7 +187,7 @@ def run(seeds: list[int], episodes: int, workdir: Path, params_path: Path) -> di
 
 
 def print_report(report: dict) -> None:
-    for name in ("without_snapshots", "snapshots"):
+    for name in [n for n in ("baseline", "without_snapshots", "snapshots") if n in report]:
         for seed, scored in report[name]["per_seed"].items():
             print_score(f"{name}, seed {seed}, failed episodes", scored["episodes"])
         print_score(f"{name}, all seeds, failed episodes", report[name]["all"]["episodes"])

@@ -7,12 +7,13 @@ copy of a default. Unknown or missing keys are errors, so a typo cannot silently
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import (
     ConfigDict,
     Field,
+    NonNegativeInt,
     PositiveFloat,
     PositiveInt,
     StringConstraints,
@@ -142,6 +143,9 @@ class ValidateParams:
     action_match_tolerance: float  # intervention steps: command vs correction, a warning
 
 
+FinetuneMode = Literal["full", "anchored", "residual"]  # train.mode (docs/operations.md)
+
+
 @dataclass(frozen=True, config=_STRICT)
 class TrainParams:
     seed: int
@@ -154,6 +158,12 @@ class TrainParams:
     experiment: str
     registered_model: str
     cycles: str  # per cell: what its last cycle trained on and measured (DVC metrics, plots)
+    # How far fine-tuning may move the base (pipelines.training.finetune, docs/operations.md);
+    # the knobs after it belong to one mode each and are ignored by the others.
+    mode: FinetuneMode
+    anchor_weight: Annotated[float, Field(ge=0)]  # L2-SP: loss per squared weight distance
+    distill_weight: Annotated[float, Field(ge=0)]  # the base's own action as a label: its weight
+    residual_hidden: tuple[PositiveInt, ...]  # the residual head's hidden widths
     threads: PositiveInt | None = None  # torch intra-op threads; None: one per core
 
 
@@ -255,6 +265,10 @@ class TriageParams:
     min_snapshots: int
     max_camera_offset_m: float
     max_box_turn_rad: float
+    # Data selection (triage/selection.py): the loss weight of each step of an episode whose
+    # part is not the standard one, against 1 for the rest (a factor): the line's unfamiliar
+    # parts are where the sim policy never learned, so a uniform sample under-weights them.
+    novel_part_weight: PositiveFloat
     worst_per_class: int  # worst episodes listed per class
     queue_length: int  # captures listed in the human report (JSON lists all)
 
@@ -277,6 +291,41 @@ class SimulatorParams:
 
     replay: str  # called with CellParams: a pipelines.calibrate Simulator (calibration replays)
     world: str  # called with no arguments: the sim's world as a dict (a world file's keys)
+    # The loop's calibrated candidates (flows/candidates.py): pretrain a policy in the sim a
+    # calibration file describes, and measure a policy's success there (the pre-screen);
+    # pipelines.release.prescreen's SimPretrain and SimEvaluate protocols.
+    pretrain: str
+    evaluate: str
+
+
+# What a loop cycle builds per cell (docs/operations.md, "Candidates and the pre-screen").
+CandidateName = Literal["incumbent_finetune", "calibrated", "calibrated_finetune"]
+
+
+@dataclass(frozen=True, config=_STRICT)
+class LoopParams:
+    # Built per cell each cycle, in this order (a tie in the pre-screen goes to the first):
+    # the production model fine-tuned; a policy pretrained in the sim calibrated from the
+    # cell's newest shifts; that policy fine-tuned on the cell's data.
+    candidates: Annotated[tuple[CandidateName, ...], Field(min_length=1)]
+    heldout_shifts: NonNegativeInt  # newest shifts per cell kept out of fine-tuning: pre-screen
+    recalibrate_sigmas: PositiveFloat  # re-pretrain only if an estimate moved more (std errors)
+    # The loop's pretrain (the `pretrain:` section stays `realloop cell pretrain`'s): cheaper,
+    # since it runs inside a cycle; episodes, rounds and epochs as in `pretrain:`.
+    pretrain_demo_episodes: PositiveInt
+    pretrain_dagger_rounds: NonNegativeInt
+    pretrain_dagger_episodes: PositiveInt
+    pretrain_epochs: PositiveInt
+    sim_eval_episodes: PositiveInt  # pre-screen: episodes per candidate in the calibrated sim
+    sim_eval_seed: int  # the same sim episodes for every candidate
+    sim_weight: Annotated[float, Field(ge=0, le=1)]  # of sim success in the pre-screen score
+    # calibrated_finetune starts from a strong base: fine-tuned `full`, it drifts toward the
+    # operator's way and loses ~20 points; anchored keeps it (bench/efficacy).
+    calibrated_finetune_mode: FinetuneMode = "anchored"
+
+    def __post_init__(self) -> None:
+        if len(set(self.candidates)) != len(self.candidates):
+            raise ValueError(f"candidates {list(self.candidates)}: each may appear once")
 
 
 @dataclass(frozen=True, config=_STRICT)
@@ -290,6 +339,23 @@ class DemoParams:  # `make demo`: reference cells as processes, the loop until e
     poll_s: PositiveFloat
     trial_timeout_s: PositiveFloat
     first_shift_timeout_s: PositiveFloat
+
+
+@dataclass(frozen=True, config=_STRICT)
+class CampaignParams:  # `realloop campaign`: the fleet over simulated days (docs/operations.md)
+    cells: Annotated[tuple[CellId, ...], Field(min_length=1)]
+    days: PositiveInt
+    episodes_per_shift: PositiveInt
+    shifts_per_day: PositiveInt  # production shifts start at fixed times of the line's day
+    speed: PositiveFloat  # cell seconds per wall second: a day is 86,400 / speed wall seconds
+    floor_days: PositiveInt  # the loop runs at least every this many days (the cron's floor)
+    min_ood_episodes: PositiveInt  # a shift with this many `ood`-captured episodes triggers it
+    eval_episodes: PositiveInt  # per held-out seed
+    eval_seeds: Annotated[tuple[int, ...], Field(min_length=1)]  # never used by the loop
+    trial_episodes: PositiveInt  # per arm
+    poll_s: PositiveFloat
+    trial_timeout_s: PositiveFloat
+    day_timeout_s: PositiveFloat  # wall seconds to wait for a day's shifts beyond its end
 
 
 @dataclass(frozen=True, config=_STRICT)
@@ -326,7 +392,9 @@ class Params:
     triage: TriageParams
     calibrate: CalibrateParams
     simulator: SimulatorParams
+    loop: LoopParams
     demo: DemoParams
+    campaign: CampaignParams
     edge: EdgeParams
 
 

@@ -3,6 +3,14 @@
 The recipe the issue asks for: clone the *successful real episodes* plus the *operators'
 corrected actions*. Everything comes from the canonical dataset tables (EPISODES_SCHEMA,
 STEPS_SCHEMA); nothing here knows the cell's true state.
+
+How far the policy may move is `train.mode` (docs/operations.md, "Fine-tuning modes";
+bench/efficacy measures each):
+- `full`: every weight trained on the line's examples (the original recipe);
+- `anchored`: as `full`, plus an L2 pull of every weight toward the base's (L2-SP) and the
+  base's own actions as extra labels on the steps it handled (distillation), so the line's
+  corrections change the policy only where the base was wrong;
+- `residual`: the base frozen; a small head learns a correction added to its output.
 """
 
 from __future__ import annotations
@@ -10,15 +18,20 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import get_args
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import torch
 
-from pipelines.contract.params import TrainParams
+from pipelines.contract.params import FinetuneMode, TrainParams
 from pipelines.contract.schema import ACTION_SIZE
-from pipelines.training.policy import PolicyNet
+from pipelines.quality.triage.selection import episode_weights
+from pipelines.training.policy import PolicyNet, residual_head
 from pipelines.training.train import EpochMetrics, fit
+
+MODES: tuple[str, ...] = get_args(FinetuneMode)
 
 
 @dataclass(frozen=True)
@@ -29,6 +42,7 @@ class TrainingSet:
     episodes_used: int  # episodes that contributed at least one example
     success_steps: int  # policy-driven steps of successful episodes
     correction_steps: int  # operator-driven steps, from any episode
+    is_correction: np.ndarray  # (N,) bool: the label is an operator's correction
 
     def __len__(self) -> int:
         return len(self.observations)
@@ -46,6 +60,8 @@ def training_examples(
     episodes: pa.Table,
     steps: pa.Table,
     intervention_weight: float,
+    novel_episodes: frozenset[str] | set[str] = frozenset(),
+    novel_weight: float = 1.0,
 ) -> TrainingSet:
     """Observations and labels from the line's logs.
 
@@ -104,6 +120,9 @@ def training_examples(
     # where it went wrong, so they dominate the loss (intervention_weight, 10 in params.yaml);
     # the policy's own steps in successful episodes anchor what already works on the line.
     weights = np.where(has_correction, np.float32(intervention_weight), np.float32(1.0))
+    # A part the line rarely shows would be diluted by the common ones: its episodes' examples
+    # weigh `novel_weight` more (triage.novel_part_weight; docs/triage.md, data selection).
+    weights = weights * episode_weights(step_episode, novel_episodes, novel_weight)
     return TrainingSet(
         observations=observations[keep],
         actions=labels[keep].astype(np.float32),
@@ -111,6 +130,7 @@ def training_examples(
         episodes_used=len(np.unique(step_episode[keep])),
         success_steps=int(success_step.sum()),
         correction_steps=int(has_correction.sum()),
+        is_correction=has_correction[keep],
     )
 
 
@@ -121,30 +141,104 @@ def finetune(
     version: str,
     on_epoch: Callable[[EpochMetrics], None] | None = None,
 ) -> tuple[PolicyNet, list[EpochMetrics]]:
-    """A copy of `base` trained further on `data`; `base` itself is left as it was."""
+    """A copy of `base` trained further on `data` as `params.mode` says; `base` itself is left
+    as it was."""
+    if params.mode not in MODES:
+        raise ValueError(
+            f"params.yaml train.mode: {params.mode!r} is not a fine-tuning mode; "
+            f"use one of {', '.join(MODES)}"
+        )
     if len(data) == 0:
         raise ValueError("no training examples: no successful episodes and no corrections")
-    net = copy.deepcopy(base)
-    history = fit(
-        net,
-        data.observations,
-        data.actions,
-        epochs=params.epochs,
-        batch_size=params.batch_size,
-        learning_rate=params.learning_rate,
-        seed=params.seed,
-        weights=data.weights,
-        val_fraction=params.val_fraction,
-        on_epoch=on_epoch,
-        threads=params.threads,
-    )
+    observations, actions, weights = data.observations, data.actions, data.weights
+    trainable = penalty = None
+    if params.mode == "residual":
+        net = _with_residual_head(base, params.residual_hidden, params.seed)
+        trainable = list(net.residual.parameters())
+    else:
+        net = copy.deepcopy(base)
+    if params.mode == "anchored":
+        observations, actions, weights = _with_base_actions(base, data, params.distill_weight)
+        penalty = _l2_sp(net, base, params.anchor_weight)
+    frozen = [p for p in net.parameters() if trainable is not None and not _among(p, trainable)]
+    for parameter in frozen:  # no gradients for what does not move: half the work, same result
+        parameter.requires_grad_(False)
+    try:
+        history = fit(
+            net,
+            observations,
+            actions,
+            epochs=params.epochs,
+            batch_size=params.batch_size,
+            learning_rate=params.learning_rate,
+            seed=params.seed,
+            weights=weights,
+            val_fraction=params.val_fraction,
+            on_epoch=on_epoch,
+            threads=params.threads,
+            trainable=trainable,
+            penalty=penalty,
+        )
+    finally:
+        for parameter in frozen:
+            parameter.requires_grad_(True)
     net.config.version = version
     net.config.trained_on = {
         "base_version": base.config.version,
         "base_trained_on": dict(base.config.trained_on),
         "finetune_seed": params.seed,
+        "finetune_mode": params.mode,
         "episodes_used": data.episodes_used,
         "success_steps": data.success_steps,
         "correction_steps": data.correction_steps,
     }
     return net, history
+
+
+def _with_residual_head(base: PolicyNet, hidden: tuple[int, ...], seed: int) -> PolicyNet:
+    """A copy of `base` with a zero-initialised residual head: it acts exactly as `base`. A base
+    that already has one (an earlier residual fine-tune) keeps it, to be trained further."""
+    if base.config.residual is not None:
+        return copy.deepcopy(base)
+    config = copy.deepcopy(base.config)
+    config.residual = list(hidden)
+    net = PolicyNet(config)
+    net.mlp.load_state_dict(base.mlp.state_dict())
+    with torch.random.fork_rng():  # the head's start follows the training seed alone
+        torch.manual_seed(seed)
+        net.residual = residual_head(config.residual)
+    return net
+
+
+def _with_base_actions(
+    base: PolicyNet, data: TrainingSet, weight: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`data` with the base's own action as a second label, weighing `weight`, on every step
+    it handled (a successful episode's own step): distillation that keeps what worked while
+    the corrections teach what did not. Two squared errors on one input are one squared error
+    towards their weighted mean, with their summed weight: no extra examples to train on."""
+    handled = ~data.is_correction
+    with torch.no_grad():
+        own = base.eval()(torch.from_numpy(data.observations[handled])).numpy()
+    actions, weights = data.actions.copy(), data.weights.copy()
+    w = weights[handled][:, None]
+    actions[handled] = (w * actions[handled] + weight * own) / np.maximum(w + weight, 1e-9)
+    weights[handled] += weight
+    return data.observations, actions.astype(np.float32), weights.astype(np.float32)
+
+
+def _l2_sp(net: PolicyNet, base: PolicyNet, weight: float) -> Callable[[], torch.Tensor]:
+    """L2-SP (Li et al. 2018): `weight` x the squared distance of every weight of `net` from
+    the base's, added to each batch's loss."""
+    anchors = [
+        (p, b.detach().clone()) for p, b in zip(net.parameters(), base.parameters(), strict=True)
+    ]
+
+    def penalty() -> torch.Tensor:
+        return weight * sum(((p - b) ** 2).sum() for p, b in anchors)
+
+    return penalty
+
+
+def _among(parameter: torch.Tensor, parameters: list) -> bool:
+    return any(parameter is other for other in parameters)

@@ -33,6 +33,10 @@ class PolicyConfig:
     observation: list[str] = field(default_factory=lambda: list(OBS_FIELDS))
     action: list[str] = field(default_factory=lambda: list(ACTION_FIELDS))
     trained_on: dict = field(default_factory=dict)  # provenance: world, seed, dataset version
+    # Hidden widths of a residual head (train.mode `residual`): its output is added to the
+    # network's pre-activation, so base and head stay one network, one file, one ONNX graph.
+    # None: no head (and no key in config.json, so plain policies' files are as before).
+    residual: list[int] | None = None
 
 
 class PolicyNet(nn.Module):
@@ -49,6 +53,8 @@ class PolicyNet(nn.Module):
             width = hidden
         layers += [nn.Linear(width, ACTION_SIZE), nn.Tanh()]
         self.mlp = nn.Sequential(*layers)
+        if config.residual is not None:
+            self.residual = residual_head(config.residual)
 
     @staticmethod
     def features(obs: torch.Tensor) -> torch.Tensor:
@@ -71,7 +77,25 @@ class PolicyNet(nn.Module):
         )
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.mlp(self.features(obs))
+        features = self.features(obs)
+        if self.config.residual is None:
+            return self.mlp(features)
+        # The correction acts before the output's tanh: the action stays in -1..1.
+        return torch.tanh(self.mlp[:-1](features) + self.residual(features))
+
+
+def residual_head(hidden: list[int]) -> nn.Sequential:
+    """A small MLP on the policy's features whose last layer starts at zero: added to a base,
+    it leaves the base's actions exactly as they were until training moves it."""
+    layers: list[nn.Module] = []
+    width = FEATURE_SIZE
+    for size in hidden:
+        layers += [nn.Linear(width, size), nn.Tanh()]
+        width = size
+    last = nn.Linear(width, ACTION_SIZE)
+    nn.init.zeros_(last.weight)
+    nn.init.zeros_(last.bias)
+    return nn.Sequential(*layers, last)
 
 
 class Policy:
@@ -99,7 +123,10 @@ def save_policy(
         shutil.rmtree(staging)  # a killed save's leftovers: never mixed into this one
     staging.mkdir(parents=True)
     save_file({k: v.contiguous() for k, v in net.state_dict().items()}, staging / WEIGHTS_FILE)
-    (staging / CONFIG_FILE).write_text(json.dumps(asdict(net.config), indent=2) + "\n")
+    config = asdict(net.config)
+    if config["residual"] is None:
+        del config["residual"]  # a plain policy's config.json reads as it always has
+    (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
     if extra is not None:
         try:
             extra(staging)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from pipelines.contract.params import Params
 from pipelines.ingest import read_dataset
+from pipelines.quality.triage.selection import novel_part_ids
 from pipelines.training.cycle_runs import stage_run_name, start_cycle_run
 from pipelines.training.finetune import TrainingSet, finetune, training_examples
 from pipelines.training.onnx_export import save_policy_for_edge
@@ -35,11 +36,15 @@ def fine_tune_and_register(
     batches: list[str],
     cell_id: str | None = None,
     cycle: int | None = None,
+    out: Path | None = None,
+    stage: str = "finetune",
 ) -> dict:
     """Fine-tune `base` on `batches` and register the result. With `cell_id`, only that cell's
     batches are used, the policy is written to `<train.out>/<cell_id>` (cells train side by
     side) and the model version is tagged with the cell. With `cycle` (the loop's), the run
-    ("finetune cell-07 cycle 3") is a child of the cell's cycle run ("cycle 3 cell-07")."""
+    ("finetune cell-07 cycle 3") is a child of the cell's cycle run ("cycle 3 cell-07").
+    `out` and `stage` (the run's name): another candidate of the same cell and cycle (the
+    loop's calibrated_finetune, flows/candidates.py) beside the finetune@<cell> stage's."""
     dataset = workspace / params.ingest.dataset
     if cell_id is not None:
         batches = cell_batches(dataset, batches, cell_id)
@@ -47,19 +52,14 @@ def fine_tune_and_register(
         whose = f" from {cell_id}" if cell_id else ""
         raise ValueError(f"{dataset}: no validated batches{whose} to train on")
     train = params.train
-    out = workspace / train.out / (cell_id or "")
-    episodes, steps = read_dataset(dataset, sources=batches)
-    data = training_examples(episodes, steps, train.intervention_weight)
+    out = Path(out) if out is not None else workspace / train.out / (cell_id or "")
+    data = _training_set(params, dataset, batches)
     base_policy = load_policy(base)
     who = cell_id or "all cells"
     parent = None
     if cycle is not None and cell_id is not None:
         parent = start_cycle_run(workspace, train.experiment, cycle, cell_id, dataset_version)
-    description = (
-        f"Fine-tunes policy {base_policy.name} for {who} on {len(batches)} validated logs of "
-        f"dataset version {dataset_version}: {len(data)} examples, {data.success_steps} steps "
-        f"of successful episodes and {data.correction_steps} operator corrections."
-    )
+    description = _description(base_policy.name, who, len(batches), dataset_version, data)
     with start_finetune_run(
         workspace,
         train.experiment,
@@ -67,7 +67,7 @@ def fine_tune_and_register(
         dataset_version=dataset_version,
         dataset_source=str(dataset),
         dataset_profile=_profile(data),
-        run_name=stage_run_name("finetune", who, cycle),
+        run_name=stage_run_name(stage, who, cycle),
         cell_id=cell_id,
         parent_run_id=parent,
         description=description,
@@ -100,12 +100,24 @@ def fine_tune_and_register(
         "model_version": version,
         "policy_version": net.config.version,
         "base_policy": base_policy.name,
+        "finetune_mode": train.mode,
         "dataset_version": dataset_version,
         "batches": len(batches),
         **_profile(data),
         "final_train_loss": history[-1].train_loss,
         "final_val_loss": history[-1].val_loss,
     }
+
+
+def _training_set(params: Params, dataset: Path, batches: list[str]) -> TrainingSet:
+    """The batches' examples, novel-part episodes weighed up (triage.novel_part_weight). The
+    part is judged from the logs alone, not the captures: the finetune stage's DVC inputs are
+    the dataset, and the logs find 96-99% of those episodes (docs/triage.md)."""
+    episodes, steps = read_dataset(dataset, sources=batches)
+    novel = novel_part_ids(episodes, steps, None, params.triage)
+    return training_examples(
+        episodes, steps, params.train.intervention_weight, novel, params.triage.novel_part_weight
+    )
 
 
 def cell_batches(dataset: Path, batches: list[str], cell_id: str) -> list[str]:
@@ -120,6 +132,15 @@ def cell_batches(dataset: Path, batches: list[str], cell_id: str) -> list[str]:
         if cell_id in cells:
             mine.append(sha)
     return mine
+
+
+def _description(policy: str, who: str, logs: int, dataset_version: str, data) -> str:
+    """The fine-tune run's description (its MLflow note)."""
+    return (
+        f"Fine-tunes policy {policy} for {who} on {logs} validated logs of "
+        f"dataset version {dataset_version}: {len(data)} examples, {data.success_steps} steps "
+        f"of successful episodes and {data.correction_steps} operator corrections."
+    )
 
 
 def _profile(data: TrainingSet) -> dict:

@@ -65,6 +65,10 @@ HYPERPARAMETERS = (
     "learning_rate",
     "val_fraction",
     "intervention_weight",
+    "mode",  # train.mode and its knobs: how far fine-tuning may move the base
+    "anchor_weight",
+    "distill_weight",
+    "residual_hidden",
 )
 # MLflow 3 opens an experiment by its kind; without the tag a new one may open on GenAI pages.
 EXPERIMENT_KIND_TAG, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"

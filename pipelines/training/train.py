@@ -57,17 +57,21 @@ def fit(
     val_fraction: float = 0.1,
     on_epoch: Callable[[EpochMetrics], None] | None = None,
     threads: int | None = None,
+    trainable: list[nn.Parameter] | None = None,
+    penalty: Callable[[], torch.Tensor] | None = None,
 ) -> list[EpochMetrics]:
     """Minimise (weighted) squared action error; hold out `val_fraction` for a val loss.
-    `threads`: torch's intra-op threads while training (None: its default)."""
+    `threads`: torch's intra-op threads while training (None: its default). `trainable`: the
+    parameters the optimiser moves (None: all of `net`'s). `penalty`: a term added to every
+    batch's loss (a regulariser; the reported losses are the action error alone)."""
     with intra_op_threads(threads):
         return _fit(net, observations, actions, epochs, batch_size, learning_rate, seed, weights,
-                    val_fraction, on_epoch)  # fmt: skip
+                    val_fraction, on_epoch, trainable, penalty)  # fmt: skip
 
 
 def _fit(
     net, observations, actions, epochs, batch_size, learning_rate, seed, weights, val_fraction,
-    on_epoch,
+    on_epoch, trainable=None, penalty=None,
 ) -> list[EpochMetrics]:  # fmt: skip
     generator = seed_everything(seed)
     x = torch.from_numpy(np.asarray(observations, dtype=np.float32))
@@ -78,7 +82,9 @@ def _fit(
     order = torch.randperm(len(x), generator=generator)
     n_val = int(len(x) * val_fraction)
     val, train = order[:n_val], order[n_val:]
-    optimizer = torch.optim.Adam(net.parameters(), lr=learning_rate)
+    optimizer = torch.optim.Adam(
+        net.parameters() if trainable is None else trainable, lr=learning_rate
+    )
     history = []
     for epoch in range(epochs):
         net.train()
@@ -87,7 +93,7 @@ def _fit(
             idx = train[batch]
             loss = _weighted_mse(net(x[idx]), y[idx], w[idx])
             optimizer.zero_grad()
-            loss.backward()
+            (loss if penalty is None else loss + penalty()).backward()
             optimizer.step()
             total += loss.item() * len(idx)
         metrics = EpochMetrics(epoch, total / max(len(train), 1), _evaluate(net, x, y, w, val))

@@ -114,6 +114,15 @@ def test_labels_are_successes_plus_corrections_never_failed_episodes_own_actions
     np.testing.assert_allclose(data.observations[3][:2], [11.1, 11.2], rtol=1e-6)
 
 
+def test_a_novel_part_episodes_examples_weigh_more_and_the_rest_do_not_move(tables):
+    episodes, steps = tables
+    novel = {"b"}  # data selection found another part in b (triage.novel_part_weight)
+    data = training_examples(episodes, steps, 4.0, novel_episodes=novel, novel_weight=3.0)
+    np.testing.assert_allclose(data.weights, [1.0, 4.0, 1.0, 12.0])
+    same = training_examples(episodes, steps, 4.0, novel_episodes={"elsewhere"}, novel_weight=3.0)
+    np.testing.assert_allclose(same.weights, [1.0, 4.0, 1.0, 4.0])
+
+
 def test_corrected_action_not_commanded_action_is_the_label():
     """Were they ever to differ, the operator's corrected action is what the policy learns."""
     episodes = _episodes([{"episode_id": "a", "target": [0.0, 0.0], "success": False}])

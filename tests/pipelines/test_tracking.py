@@ -47,6 +47,7 @@ EPOCHS = 23  # flushed as 10 + 10 + 3
 DATASET_VERSION = "0f3c9a5e1b7d2c4a8e6f0b1d3c5a7e9f.dir"
 PROFILE = {"episodes": 300, "steps": 31_250, "intervention_steps": 4_100, "success_rate": 0.41}
 BATCHES = ["b" * 64, "a" * 64]
+FINETUNE_MODE_KEYS = ("mode", "anchor_weight", "distill_weight", "residual_hidden")  # train.mode
 
 
 @pytest.fixture(autouse=True)
@@ -129,9 +130,10 @@ def test_run_logs_train_params_tags_and_batched_epoch_metrics(trained, params):
     assert run.info.status == "FINISHED"
     assert run.info.artifact_uri.startswith(str(trained.workspace.resolve() / "mlartifacts"))
     hyperparameters = ("seed", "epochs", "batch_size", "learning_rate", "val_fraction")
+    as_logged = {k: list(v) if isinstance(v, tuple) else v for k, v in vars(params.train).items()}
     assert run.data.params == {
-        f"train.{key}": str(getattr(params.train, key))
-        for key in (*hyperparameters, "intervention_weight")
+        f"train.{key}": str(as_logged[key])  # a list as params.yaml writes it: [32]
+        for key in (*hyperparameters, "intervention_weight", *FINETUNE_MODE_KEYS)
     }  # only what changes the model: no paths, no names
     tags = run.data.tags
     assert tags["dataset_version"] == DATASET_VERSION

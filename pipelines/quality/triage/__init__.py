@@ -19,6 +19,11 @@ from pipelines.quality.triage.rules import (
     Verdict,
     classify,
 )
+from pipelines.quality.triage.selection import (
+    episode_weights,
+    novel_part_episode_ids,
+    novel_part_ids,
+)
 from pipelines.quality.triage.signals import Signals, episode_signals
 from pipelines.quality.triage.snapshots import SnapshotPart, read_snapshot
 
@@ -37,6 +42,9 @@ __all__ = [
     "Verdict",
     "classify",
     "episode_signals",
+    "episode_weights",
+    "novel_part_episode_ids",
+    "novel_part_ids",
     "part_kinds",
     "read_snapshot",
     "triage",

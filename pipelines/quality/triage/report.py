@@ -39,7 +39,7 @@ from pipelines.quality.triage.rules import (
     Verdict,
     classify,
 )
-from pipelines.quality.triage.signals import Signals, episode_signals, rounded
+from pipelines.quality.triage.signals import Signals, episode_signals, rounded, yaw_turns
 from pipelines.quality.triage.snapshots import read_snapshots, snapshot_evidence
 
 # The review queue puts rare and actionable classes first: a safety stop is reviewed before a
@@ -155,19 +155,25 @@ def triage(
     queue.sort(key=_queue_key)
     for rank, row in enumerate(queue, start=1):
         row["rank"] = rank
-    return TriageReport(
-        episodes.num_rows, verdicts, signals, queue, part_kinds(episodes, seen, params)
-    )
+    unmeasured = [e for e in ids if not np.isfinite(seen.get(e, (np.nan, np.nan))[0])]
+    kinds = part_kinds(episodes, seen, params, yaw_turns(steps, unmeasured))
+    return TriageReport(episodes.num_rows, verdicts, signals, queue, kinds)
 
 
 def part_kinds(
-    episodes: pa.Table, seen: Mapping[str, tuple[float, float]], params: TriageParams
+    episodes: pa.Table,
+    seen: Mapping[str, tuple[float, float]],
+    params: TriageParams,
+    turns: Mapping[str, float] | None = None,
 ) -> dict[str, str]:
     """Each episode's part: its snapshot's radius against half the nominal extent where a
     snapshot was measured (exact: the snapshot draws the true part), else the camera's
     extent measurement against the nominal extent (noisier: a box measures within 3 sigma
-    of the standard part, so some boxes read as standard)."""
+    of the standard part, so some boxes read as standard; with `turns`, the episode's
+    `yaw_turn_rad`, one that read standard but swung round past `max_part_turn_rad` is a
+    box, "smaller")."""
     out = {}
+    turns = turns or {}
     ids = episodes.column("episode_id").to_pylist()
     extents = episodes.column("part_extent_m").to_pylist()
     for episode_id, extent in zip(ids, extents, strict=True):
@@ -185,9 +191,11 @@ def part_kinds(
         else:
             out[episode_id] = "unknown"
             continue
-        out[episode_id] = (
-            "larger" if off > tolerance else "smaller" if off < -tolerance else "standard"
-        )
+        kind = "larger" if off > tolerance else "smaller" if off < -tolerance else "standard"
+        turned = turns.get(episode_id, 0.0) > params.max_part_turn_rad
+        if kind == "standard" and turned and not np.isfinite(radius):
+            kind = "smaller"  # the extent missed a box; how it turned did not
+        out[episode_id] = kind
     return out
 
 

@@ -107,6 +107,24 @@ def episode_signals(
     return out
 
 
+def yaw_turns(steps: pa.Table, episode_ids: list[str]) -> dict[str, float]:
+    """`yaw_turn_rad` of each listed episode over all its steps (NaN if too short): the one
+    signal that tells a box from a cylinder without a snapshot, read alone because it is
+    cheap (data selection runs it on every cycle's episodes)."""
+    if not episode_ids:
+        return {}
+    rows = steps.filter(pc.is_in(steps.column("episode_id"), pa.array(episode_ids, pa.string())))
+    rows = rows.sort_by([("episode_id", "ascending"), ("step", "ascending")])
+    ids = rows.column("episode_id").to_numpy(zero_copy_only=False)
+    yaw = _matrix(rows.column("part_pose"), 3)[:, 2]
+    unique, first = np.unique(ids, return_index=True)
+    bounds = np.append(first, len(ids))
+    out = dict.fromkeys(episode_ids, float("nan"))
+    for i, episode_id in enumerate(unique):
+        out[episode_id] = _yaw_turn(yaw[bounds[i] : bounds[i + 1]])
+    return out
+
+
 def _matrix(column: pa.ChunkedArray, width: int) -> np.ndarray:
     flat = pc.list_flatten(column.combine_chunks()) if column.num_chunks else pa.array([])
     return np.asarray(flat.to_numpy(zero_copy_only=False), dtype=np.float64).reshape(-1, width)

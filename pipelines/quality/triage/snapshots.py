@@ -62,13 +62,20 @@ def read_snapshot(image: bytes | Path, half_width_m: float) -> SnapshotPart | No
     return measure_part(rgb, half_width_m)
 
 
-def _near(rgb: np.ndarray, colour: tuple[int, int, int]) -> np.ndarray:
-    return np.all(np.abs(rgb - np.asarray(colour, dtype=np.int16)) <= _COLOUR_TOLERANCE, axis=2)
+def _near(
+    rgb: np.ndarray, colour: tuple[int, int, int], tolerance: int = _COLOUR_TOLERANCE
+) -> np.ndarray:
+    # Channel by channel: several times faster than a reduction over the last axis of 3,
+    # which matters when every cycle reads hundreds of snapshots.
+    near = np.abs(rgb[..., 0] - colour[0]) <= tolerance
+    for channel in (1, 2):
+        near &= np.abs(rgb[..., channel] - colour[channel]) <= tolerance
+    return near
 
 
 def measure_part(rgb: np.ndarray, half_width_m: float) -> SnapshotPart | None:
     """`read_snapshot` on decoded pixels (rows top-down, RGB)."""
-    face = np.all(rgb == np.asarray(_FACE_RGB, dtype=np.int16), axis=2)
+    face = _near(rgb, _FACE_RGB, 0)
     # The face fills the axes' interior, and its rows and columns are mostly face; a stray
     # grey pixel of antialiased text elsewhere is not.
     by_row, by_col = face.sum(axis=1), face.sum(axis=0)
@@ -83,7 +90,7 @@ def measure_part(rgb: np.ndarray, half_width_m: float) -> SnapshotPart | None:
     part = _near(table, _PART_RGB)
     # Whatever is lighter than the part colour is table, target or the antialiased blend of
     # the disc into them; the dark lines drawn over the disc (outline, pusher) are not.
-    lighter = ~part & (table.sum(axis=2) > _LIGHTER_THAN)
+    lighter = ~part & (table[..., 0] + table[..., 1] + table[..., 2] > _LIGHTER_THAN)
     edge = part & _touches(lighter)
     ys, xs = np.nonzero(edge)
     fit = _fit_circle(xs + 0.5 + left, ys + 0.5 + top)
