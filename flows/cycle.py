@@ -147,6 +147,9 @@ def cell_result(cell_id: str, dataset_version: str, steps: dict, error: str | No
             trained["model_version"] if outcome == PROMOTED else rollout.get("model_version")
         ),
         "edge": steps.get("edge"),
+        # The candidates built, their pre-screen figures and which went to trials
+        # (flows/candidates.py); None for a cell that stopped before (or a rollout follower).
+        "prescreen": steps.get("prescreen"),
     }
 
 
@@ -234,6 +237,19 @@ def summary_lines(summary: dict) -> list[str]:
         f"validation: {validation['passed']} of {validation['batches']} batches passed; "
         f"excluded from training: {len(validation['excluded_from_training'])}",
         *([] if rollout is None else [rollout_line(rollout)]),
+        *prescreen_lines(summary.get("prescreen_correlation")),
+    ]
+
+
+def prescreen_lines(found: dict | None) -> list[str]:
+    """The pre-screen's predictive value so far, in one line (none before it is recorded)."""
+    if not found:
+        return []
+    if found["rho"] is None:
+        return [f"pre-screen vs trials: no rank correlation yet ({found['reason']})"]
+    return [
+        f"pre-screen vs trials: Spearman rho {found['rho']:.2f} (p {found['p_value']:.2g}) "
+        f"over {found['n']} trialled candidates"
     ]
 
 
@@ -266,13 +282,54 @@ def cell_rows(summary: dict) -> list[dict[str, str]]:
 
 
 def cell_notes(summary: dict) -> list[str]:
-    """Each cell's gate reasons, then why it ended as it did."""
+    """Each cell's candidates and gate reasons, then why it ended as it did."""
     notes = []
     for cell in summary["cells"]:
+        notes += candidate_notes(cell)
         notes += [f"{cell['cell']} gate: {r}" for r in (cell["gate"] or {}).get("reasons", [])]
         if cell["reason"]:
             notes.append(f"{cell['cell']} {cell['outcome']}: {cell['reason']}")
     return notes
+
+
+def candidate_notes(cell: dict) -> list[str]:
+    """One line per candidate of a cell: its pre-screen figures, or why it was not built."""
+    notes = []
+    for c in (cell.get("prescreen") or {}).get("candidates", []):
+        if c.get("error"):
+            notes.append(f"{cell['cell']} candidate {c['name']}: not built ({c['error']})")
+            continue
+        figures = ", ".join(
+            f"{name} {c[key]:.3f}"
+            for name, key in (
+                ("score", "score"),
+                ("sim", "sim_success"),
+                ("agree", "action_agreement"),
+            )
+            if c.get(key) is not None
+        )
+        trialled = "; trialled" if c.get("selected") else ""
+        notes.append(
+            f"{cell['cell']} candidate {c['name']} (version {c['model_version']}): rank "
+            f"{c['rank']}, {figures or 'unscored'}{trialled}"
+        )
+    return notes
+
+
+def prescreen_record(root: Path, summary: dict) -> dict:
+    """How well the pre-screen predicted the trials: Spearman's rank correlation over every
+    cycle in the ledger and this one (pipelines.release.prescreen.prescreen_correlation)."""
+    import json
+
+    from flows.ledger import CYCLES
+    from pipelines.release.prescreen import prescreen_correlation
+
+    ledger = root / CYCLES
+    earlier = (
+        [json.loads(line) for line in ledger.read_text().splitlines()] if ledger.is_file() else []
+    )
+    found = prescreen_correlation([*earlier, summary])
+    return {k: v for k, v in found.items() if k != "pairs"}
 
 
 def format_trials(stats: dict | None) -> str:

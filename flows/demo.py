@@ -127,6 +127,9 @@ def _write_demo_params(params_path: Path, fleet: Fleet) -> Path:
     document["promote"]["channel"] = fleet.channel
     # The cells run on the same cores: fine-tuning on one thread is 6.7x faster beside them.
     document["train"]["threads"] = 1
+    # One candidate: a calibration and a pretrain per cell would add minutes to each cycle
+    # (docs/operations.md, "Candidates and the pre-screen": params.yaml builds all three).
+    document["loop"]["candidates"] = ["incumbent_finetune"]
     out = DEMO_DIR / "params.yaml"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("# written by `realloop demo` from params.yaml\n" + yaml.safe_dump(document))

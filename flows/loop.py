@@ -2,7 +2,10 @@
 
     ingest what the cells uploaded (all cells, once) → validate
       → per cell: plan (its production model, the bundle its channel names)
-                  → fine-tune on the cell's batches → upload the candidate → request trials
+                  → candidates (loop.candidates: the production model fine-tuned, the policy
+                    pretrained in the sim calibrated from the cell's shifts, that one
+                    fine-tuned) → the pre-screen picks one (flows/candidates.py)
+                  → upload it → request trials
       → await the trials of every cell at once (subflow `await-trials`; a run of the
         work-pool deployment first suspends until ingest sees them in, flows/waiting.py)
       → per cell: gate on the request's complete attempt → (a person's sign-off, with
@@ -11,8 +14,8 @@
 
 The loop never runs a cell: it reaches cells only through the edge channel (candidates and
 trial requests out) and hears from them only through the landing zone (docs/operations.md).
-Each per-cell stage is one task per cell still in the cycle (mapped, except fine-tuning: one
-cell at a time); a cell whose task fails ends "failed" with its one-line reason, and the
+Each per-cell stage is one task per cell still in the cycle (mapped, except the candidates:
+one cell at a time); a cell whose task fails ends "failed" with its one-line reason, and the
 other cells carry on. Tasks are thin:
 each calls one stage function from pipelines/ and returns plain values for the summary.
 """
@@ -29,7 +32,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 from prefect.states import Failed
 
-from flows import approval, artifacts, cycle, ledger, loop_lock, rollout, waiting
+from flows import approval, artifacts, candidates, cycle, ledger, loop_lock, rollout, waiting
 from flows.console import progress_bar
 from flows.ingest import ingest_flow
 from pipelines.contract.params import Params, load_params
@@ -68,30 +71,6 @@ def plan_cell(params: Params, workspace: Path, cell_id: str, batches: list[str])
     plan = cycle.plan_cell(params, workspace, cell_id, batches)
     artifacts.log(artifacts.plan_sentence(plan))
     return plan
-
-
-@task(name="fine-tune", task_run_name="fine-tune {cell_id}", **THIN)
-def fine_tune(
-    params: Params,
-    workspace: Path,
-    cell_id: str,
-    plan: dict,
-    dataset_version: str,
-    cycle_no: int | None = None,
-) -> dict:
-    """A candidate from the cell's production model, trained on the cell's batches only."""
-    from pipelines.release.cycle_record import fine_tune_cell
-
-    base, batches = Path(plan["base"]), plan["batches"]
-    started = time.monotonic()
-    # The finetune@<cell> stage of dvc.yaml: its training set pinned, its metrics written.
-    trained = fine_tune_cell(
-        params, workspace, base, dataset_version, batches, cell_id, cycle=cycle_no
-    )
-    artifacts.log(artifacts.trained_sentence(cell_id, trained, time.monotonic() - started))
-    run = artifacts.mlflow_run_link(workspace, trained["mlflow_run_id"])
-    artifacts.link(artifacts.key(cell_id, "mlflow-run"), run, f"{cell_id}: the fine-tune run")
-    return trained
 
 
 @task(name="upload-candidate", task_run_name="upload candidate {cell_id}", **CHANNEL_IO)
@@ -272,6 +251,7 @@ def _cycle(root, params, params_path, cell, source, progress, suspend_for_trials
         fleet.timings,
     )
     summary["rollout"] = rolled
+    summary["prescreen_correlation"] = cycle.prescreen_record(root, summary)
     ledger.record(params, root, summary)
     artifacts.log(artifacts.cycle_sentence(summary))
     artifacts.cycle_report(summary, root)
@@ -286,22 +266,17 @@ def _start_cells(
     batches: list[str],
     number: int | None = None,
 ) -> None:
-    """Per cell: plan → fine-tune → upload the candidate → publish its trial request."""
+    """Per cell: plan → candidates and the pre-screen (flows/candidates.py) → upload the best
+    → publish its trial request."""
     common = (unmapped(params), unmapped(root))
     cells = fleet.going()
     fleet.settle("plan", cells, plan_cell.map(*common, cells, unmapped(batches)))
     fleet.lap("plan")
-    cells = fleet.going()
-    # One at a time: the cells share the CPU (or GPU), and MLflow registers a dataset
+    # One cell at a time: the cells share the CPU (or GPU), and MLflow registers a dataset
     # version's input once per experiment with a check-then-insert that concurrent runs of
     # the same version break ("UNIQUE constraint failed: datasets...", seen with two cells).
-    trained = []
-    for cell_id in cells:
-        plan = fleet.steps[cell_id]["plan"]
-        trained.append(fine_tune.submit(params, root, cell_id, plan, dataset_version, number))
-        trained[-1].wait()
-    fleet.settle("trained", cells, trained)
-    fleet.lap("fine-tune")
+    candidates.build(fleet, params, root, dataset_version, number)
+    fleet.lap("candidates")
     cells = fleet.going()
     trained = [fleet.steps[c]["trained"] for c in cells]
     fleet.settle("candidate", cells, upload_candidate.map(*common, cells, trained))

@@ -4,6 +4,7 @@ domain-randomized sim. The result is the sim policy the line will humble."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
@@ -102,3 +103,49 @@ def pretrain_with_observations(
         fit(net, obs, labels, epochs=max(params.epochs // 2, 1), on_epoch=on_epoch, **train)
     net.config.trained_on["samples"] = len(obs)
     return net, obs
+
+
+def calibrated_setup(
+    params: PretrainParams, calibration: str | Path
+) -> tuple[World, PretrainParams, dict]:
+    """(world, pretrain params, policy identity) for pretraining in the sim a calibration file
+    describes: its estimates in the sim, its randomization ranges, its own delay distribution."""
+    import dataclasses
+
+    from pipelines.contract.params import RandomizationParams
+    from pipelines.ingest import sha256_file
+    from refcell.world import calibrated_world
+
+    world, ranges = calibrated_world(calibration)
+    merged = {**dataclasses.asdict(params.randomization), **ranges, "latency_steps": None}
+    randomization = RandomizationParams(**merged)
+    identity = {
+        "version": "sim-cal-0",
+        "trained_on": {"world": "calibrated sim", "calibration": sha256_file(calibration)},
+    }
+    return world, dataclasses.replace(params, randomization=randomization), identity
+
+
+def pretrain_in_calibrated_sim(
+    calibration: Path, cell_params: CellParams, params: PretrainParams, version: str
+) -> tuple[PolicyNet, np.ndarray]:
+    """params `simulator.pretrain` (pipelines.release.prescreen.SimPretrain): the loop's
+    calibrated candidate."""
+    world, calibrated, identity = calibrated_setup(params, calibration)
+    return pretrain_with_observations(
+        world, cell_params, calibrated, version=version, trained_on=identity["trained_on"]
+    )
+
+
+def success_in_calibrated_sim(
+    policy: Path, calibration: Path, cell_params: CellParams, episodes: int, seed: int
+) -> float:
+    """params `simulator.evaluate` (pipelines.release.prescreen.SimEvaluate): the share of
+    `episodes` placed in the calibrated sim, the same episodes for the same seed."""
+    from pipelines.training import load_policy
+    from refcell.runner import run_episodes, summarize
+    from refcell.world import calibrated_world
+
+    world, _ = calibrated_world(calibration)
+    results = list(run_episodes(world, cell_params, load_policy(policy), episodes, seed))
+    return summarize(results)["success_rate"]

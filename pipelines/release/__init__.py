@@ -3,6 +3,7 @@ lineage."""
 
 from pipelines.release.gate import decide, trial_stats
 from pipelines.release.lineage import SOURCE_INDEX, file_lineage, model_lineage
+from pipelines.release.prescreen import prescreen_correlation
 from pipelines.release.promote import (
     attest_gate,
     channel_location,
@@ -21,6 +22,7 @@ __all__ = [
     "keys_location",
     "model_lineage",
     "named_decision",
+    "prescreen_correlation",
     "production_alias",
     "promote",
     "trial_stats",

@@ -123,6 +123,9 @@ def trial_metrics(cell: dict, cycle: int) -> dict | None:
     trials = cell["trials"]
     metrics = {"cycle": cycle, "gate_passed": int(cell["gate"]["passed"])}
     metrics["promoted"] = int(cell["outcome"] == "promoted")
+    trialled = (cell.get("prescreen") or {}).get("trialled") or {}
+    if trialled.get("score") is not None:  # what the pre-screen expected of it (prescreen.py)
+        metrics["prescreen_score"] = trialled["score"]
     for arm in ("candidate", "incumbent"):
         stats = trials[arm]
         metrics |= {
@@ -153,11 +156,22 @@ def record_cycle(workspace: Path, params: Params, summary: dict) -> dict:
         _write(trials_path, json.dumps(recorded, indent=2, sort_keys=True))
     if not (workspace / "dvc.yaml").is_file():
         return {"commit": None, "stages": [], "reason": "no dvc.yaml in the workspace"}
-    trained = [c["cell"] for c in summary["cells"] if c.get("training")]
+    trained = [c["cell"] for c in summary["cells"] if _stage_ran(c)]
     with _locked(workspace):
         stages, missing = _commit_stages(workspace, trained)
         commit = _git_commit(workspace, params, summary["cycle"], stages)
     return {"commit": commit, "stages": stages, "not_in_dvc_yaml": missing}
+
+
+def _stage_ran(cell: dict) -> bool:
+    """Whether the cell's finetune@<cell> stage ran this cycle: the incumbent_finetune
+    candidate was built (flows/candidates.py), or, in a summary from before candidates, the
+    cell was fine-tuned."""
+    prescreen = cell.get("prescreen")
+    if prescreen is None:
+        return bool(cell.get("training"))
+    built = [c["name"] for c in prescreen["candidates"] if not c.get("error")]
+    return "incumbent_finetune" in built
 
 
 def _commit_stages(workspace: Path, cells: list[str]) -> tuple[list[str], list[str]]:

@@ -30,6 +30,10 @@ if TYPE_CHECKING:
     from mlflow import MlflowClient
 
 CYCLE_TAG = "realloop.cycle"
+# The loop's candidates (flows/candidates.py): which one a run built, the calibration it used.
+CANDIDATE_TAG = "realloop.candidate"
+CALIBRATION_HASH_TAG, CALIBRATION_PATH_TAG = "calibration.hash", "calibration.path"
+PRESCREEN_FIGURES = ("action_mse", "action_agreement", "sim_success", "score", "rank")
 OUTCOME_TAG = "realloop.outcome"  # promoted, not promoted, trials incomplete, skipped, failed
 ARMS = ("candidate", "incumbent")
 # Per arm: trial/<arm>_<figure>, from the arm's TrialStats record.
@@ -116,6 +120,68 @@ def log_cycle_runs(workspace: Path, experiment: str, summary: Mapping[str, Any])
         _log_cell(client, experiment_id, summary["cycle"], cell, parent)
         runs[cell["cell"]] = parent
     return runs
+
+
+def candidate_run(
+    workspace: Path,
+    experiment: str,
+    cycle: int,
+    cell_id: str,
+    dataset_version: str,
+    candidate: str,
+) -> str:
+    """A candidate that no fine-tune run registers (the loop's `calibrated`: a policy
+    pretrained in the calibrated sim): its own child run of the cell's cycle run ("calibrated
+    cell-07 cycle 3"), tagged with the candidate and the dataset version (which the registry
+    copies onto the model version registered from it). A re-run finds it again. End it with
+    `end_candidate_run`."""
+    client = mlflow_client(workspace)
+    experiment_id = ensure_experiment(client, workspace, experiment)
+    parent = _cycle_run(client, experiment_id, cycle, cell_id, dataset_version)
+    run_id = _child_run(client, experiment_id, parent, candidate, cell_id, cycle)
+    client.set_tag(run_id, DATASET_VERSION_TAG, dataset_version)
+    client.set_tag(run_id, CANDIDATE_TAG, candidate)
+    return run_id
+
+
+def end_candidate_run(
+    workspace: Path, run_id: str, tags: Mapping[str, str], description: str, status: str
+) -> None:
+    _finish(mlflow_client(workspace), run_id, {}, dict(tags), description, _now_ms(), status)
+
+
+def log_prescreen(workspace: Path, candidates: list[Mapping[str, Any]]) -> None:
+    """Each candidate's pre-screen on its run (`mlflow_run_id`): metrics prescreen/<figure>
+    (pipelines.release.prescreen.FIGURES, those measured) and prescreen/selected; tags
+    realloop.candidate and, for a calibrated one, calibration.hash and calibration.path."""
+    from mlflow.entities import Metric, RunTag
+
+    quiet_mlflow()
+    client, now = mlflow_client(workspace), _now_ms()
+    for candidate in candidates:
+        if not candidate.get("mlflow_run_id"):
+            continue
+        figures = {
+            f"prescreen/{k}": float(v)
+            for k, v in candidate.items()
+            if k in PRESCREEN_FIGURES and isinstance(v, int | float)
+        }
+        figures["prescreen/selected"] = 1.0 if candidate.get("selected") else 0.0
+        tags = {CANDIDATE_TAG: candidate["name"]}
+        if calibration := candidate.get("calibration"):
+            tags |= {
+                CALIBRATION_HASH_TAG: calibration["hash"],
+                CALIBRATION_PATH_TAG: calibration["path"],
+            }
+        client.log_batch(
+            candidate["mlflow_run_id"],
+            metrics=[Metric(k, v, now, 0) for k, v in figures.items()],
+            tags=[RunTag(k, str(v)) for k, v in tags.items()],
+        )
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 # --- internals -----------------------------------------------------------------------------

@@ -1,0 +1,369 @@
+"""Several candidates per cell each cycle, and the pre-screen that sends only the best to trials.
+
+    per cell (one at a time: the cells share the CPU):
+      split its batches by shift (the newest held out of fine-tuning, for the pre-screen)
+      → incumbent_finetune: its production model fine-tuned (the finetune@<cell> DVC stage)
+      → calibrate from its training shifts (once calibrate.min_episodes exist) → the policy
+        pretrained in that sim, cached by the calibration's hash → calibrated: registered as is;
+        calibrated_finetune: fine-tuned on the same batches
+      → pre-screen: held-out action error + success in the calibrated sim; the best is the
+        cell's candidate (`trained`), which the loop uploads and trials as before
+
+`loop.candidates` says which are built. A candidate that cannot be built (too few episodes to
+calibrate) is listed with its reason and the others go on; a cell fails only when none is
+built. The simulator is a plug-in (params `simulator:`): nothing here imports a cell.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from flows import artifacts
+from pipelines.contract.params import Params
+
+THIN = {"cache_policy": NO_CACHE}  # stage results are never reused across runs
+INCUMBENT_FINETUNE, CALIBRATED, CALIBRATED_FINETUNE = (
+    "incumbent_finetune",
+    "calibrated",
+    "calibrated_finetune",
+)
+
+
+@task(name="split-by-shift", task_run_name="split {cell_id} by shift", **THIN)
+def split_cell(params: Params, workspace: Path, cell_id: str, batches: list[str]) -> dict:
+    from pipelines.release.prescreen import batch_shifts, split_by_shift
+
+    shifts = batch_shifts(workspace / params.ingest.dataset, batches)
+    split = split_by_shift(shifts, params.loop.heldout_shifts)
+    return split.as_dict() | {"train": split.train, "heldout": split.heldout}
+
+
+@task(name="fine-tune", task_run_name="fine-tune {cell_id}", **THIN)
+def fine_tune(
+    params: Params,
+    workspace: Path,
+    cell_id: str,
+    plan: dict,
+    dataset_version: str,
+    cycle_no: int | None = None,
+) -> dict:
+    """A candidate from the cell's production model, trained on the cell's batches only."""
+    from pipelines.release.cycle_record import fine_tune_cell
+
+    base, batches = Path(plan["base"]), plan["batches"]
+    started = time.monotonic()
+    # The finetune@<cell> stage of dvc.yaml: its training set pinned, its metrics written.
+    trained = fine_tune_cell(
+        params, workspace, base, dataset_version, batches, cell_id, cycle=cycle_no
+    )
+    artifacts.log(artifacts.trained_sentence(cell_id, trained, time.monotonic() - started))
+    run = artifacts.mlflow_run_link(workspace, trained["mlflow_run_id"])
+    artifacts.link(artifacts.key(cell_id, "mlflow-run"), run, f"{cell_id}: the fine-tune run")
+    return trained
+
+
+@task(name="calibrate-cell", task_run_name="calibrate {cell_id}", **THIN)
+def calibrate_cell(
+    params: Params, workspace: Path, cell_id: str, batches: list[str], dataset_version: str
+) -> dict:
+    """The sim calibrated from the cell's training shifts; the one in use when nothing moved
+    beyond its standard errors (pipelines/calibrate/cache.py). `skip` says why there is none
+    (too few episodes yet: expected on a new cell, so not a failed task)."""
+    from flows.plugins import load_simulator
+    from pipelines.training.calibrated import calibrate_cell as calibrate
+
+    simulator, sim_world = load_simulator(params)
+    try:
+        chosen = calibrate(
+            params, workspace, cell_id, batches, dataset_version, simulator, sim_world
+        )
+    except ValueError as exc:  # what the data cannot support yet, in one line
+        artifacts.log(f"{cell_id}: no calibrated candidates this cycle: {exc}")
+        return {"skip": f"calibration: {exc}"}
+    what = "new" if chosen.new else "unchanged within its standard errors"
+    artifacts.log(f"{cell_id}: calibration {chosen.hash} ({what}: {chosen.changed or '-'})")
+    return _named_in(workspace, chosen.as_dict()) | {"skip": None}
+
+
+@task(name="calibrated-policy", task_run_name="calibrated policy {cell_id}", **THIN)
+def calibrated_policy(params: Params, workspace: Path, cell_id: str, calibration: dict) -> dict:
+    """The calibration's policy: cached, or pretrained now (params `simulator.pretrain`)."""
+    from flows.plugins import load_plugin
+    from pipelines.release.prescreen import SimPretrain
+    from pipelines.training.calibrated import ensure_calibrated_policy
+
+    pretrain = load_plugin(params.simulator.pretrain, "simulator.pretrain", SimPretrain)
+    policy = ensure_calibrated_policy(params, _cached(calibration, workspace), pretrain)
+    how = "cached" if policy["cached"] else f"pretrained in {policy['seconds']} s"
+    artifacts.log(f"{cell_id}: calibrated policy for {calibration['hash']} {how}")
+    return policy
+
+
+@task(name="register-calibrated", task_run_name="register calibrated {cell_id}", **THIN)
+def register_calibrated(
+    params: Params,
+    workspace: Path,
+    cell_id: str,
+    calibration: dict,
+    dataset_version: str,
+    cycle_no: int,
+) -> dict:
+    from pipelines.training.calibrated import register_calibrated as register
+
+    cached = _cached(calibration, workspace)
+    trained = register(params, workspace, cell_id, cached, cached.policy, dataset_version, cycle_no)
+    artifacts.log(
+        f"{cell_id}: calibrated candidate registered as version {trained['model_version']}"
+    )
+    return trained
+
+
+@task(name="fine-tune-calibrated", task_run_name="fine-tune calibrated {cell_id}", **THIN)
+def fine_tune_calibrated(
+    params: Params,
+    workspace: Path,
+    cell_id: str,
+    calibration: dict,
+    batches: list[str],
+    dataset_version: str,
+    cycle_no: int,
+) -> dict:
+    """The calibrated policy fine-tuned on the cell's batches (not the DVC stage: that is the
+    incumbent's), written beside the cell's calibrations."""
+    from pipelines.training import fine_tune_and_register
+    from pipelines.training.calibrated import FINETUNED_DIR, cell_folder
+
+    started = time.monotonic()
+    # A strong base: trained in loop.calibrated_finetune_mode (anchored), not train.mode.
+    mode = replace(params.train, mode=params.loop.calibrated_finetune_mode)
+    trained = fine_tune_and_register(
+        replace(params, train=mode),
+        workspace,
+        _cached(calibration, workspace).policy,
+        dataset_version,
+        batches,
+        cell_id,
+        cycle=cycle_no,
+        out=cell_folder(workspace, cell_id) / FINETUNED_DIR,
+        stage="finetune-calibrated",
+    )
+    artifacts.log(artifacts.trained_sentence(cell_id, trained, time.monotonic() - started))
+    return trained
+
+
+@task(name="prescreen", task_run_name="prescreen {cell_id}", **THIN)
+def prescreen(
+    params: Params,
+    workspace: Path,
+    cell_id: str,
+    built: list[dict],
+    split: dict,
+    calibration: dict | None,
+) -> dict:
+    """Rank the built candidates (pipelines/release/prescreen.py), record each one's figures
+    on its MLflow run; the best is the one to trial."""
+    from flows.plugins import load_plugin
+    from pipelines.release.prescreen import ShiftSplit, SimEvaluate, prescreen_cell
+    from pipelines.training.cycle_runs import log_prescreen
+
+    evaluate = None
+    if calibration is not None:
+        evaluate = load_plugin(params.simulator.evaluate, "simulator.evaluate", SimEvaluate)
+    shift_split = ShiftSplit(
+        split["train"], split["heldout"], split["heldout_shifts"], split["train_shifts"]
+    )
+    path = None if calibration is None else workspace / calibration["path"]
+    ranked, examples = prescreen_cell(params, workspace, shift_split, built, path, evaluate)
+    log_prescreen(workspace, ranked)
+    best = ranked[0]
+    artifacts.log(
+        f"{cell_id}: pre-screen of {len(ranked)} candidate(s): "
+        + ", ".join(f"{c['name']} {_shown(c['score'])}" for c in ranked)
+        + f"; {best['name']} goes to trials"
+    )
+    return {"ranked": ranked, "heldout_examples": examples}
+
+
+def build(fleet, params: Params, root: Path, dataset_version: str, number: int) -> None:
+    """Per cell still in the cycle: its candidates, the pre-screen, and the best as the cell's
+    `trained` (what the loop uploads and trials). `fleet`: the loop's cells of the cycle."""
+    for cell_id in fleet.going():
+        try:
+            fleet.steps[cell_id] |= _build_cell(
+                params, root, cell_id, fleet.steps[cell_id]["plan"], dataset_version, number
+            )
+        except _NoCandidate as exc:
+            fleet.errors[cell_id] = str(exc)
+
+
+def _build_cell(params, root, cell_id, plan, dataset_version, number) -> dict:
+    wanted, common = params.loop.candidates, (params, root, cell_id)
+    split = _result(split_cell(*common, plan["batches"], return_state=True), "split")
+    built, failed = [], []
+    if INCUMBENT_FINETUNE in wanted:
+        train_plan = plan | {"batches": split["train"]}
+        state = fine_tune(*common, train_plan, dataset_version, number, return_state=True)
+        _keep(INCUMBENT_FINETUNE, state, None, built, failed)
+    calibration = _calibrated_candidates(
+        params,
+        root,
+        (cell_id, plan["base"]),
+        split["train"],
+        dataset_version,
+        number,
+        built,
+        failed,
+    )
+    if not built:
+        reasons = "; ".join(f"{f['name']}: {f['error']}" for f in failed)
+        raise _NoCandidate(f"candidates: none built ({reasons})")
+    in_sim = calibration or _last_calibration(root, cell_id)
+    state = prescreen(*common, built, split, in_sim, return_state=True)
+    screened = _result(state, "prescreen")
+    ranked = screened["ranked"]
+    summary = {
+        "split": {k: v for k, v in split.items() if k not in ("train", "heldout")},
+        "heldout_examples": screened["heldout_examples"],
+        "calibration": calibration,
+        "sim_calibration": _calibration_ref(in_sim),
+        "candidates": [_row(c) for c in ranked] + failed,
+        "trialled": _row(ranked[0]),
+    }
+    return {"trained": ranked[0]["trained"], "prescreen": summary}
+
+
+def _calibrated_candidates(
+    params, root, cell, batches, dataset_version, number, built, failed
+) -> dict | None:
+    """calibrated and calibrated_finetune, as loop.candidates asks: calibrate, the policy
+    (cached or pretrained), then each candidate; appended to `built` or, with the reason, to
+    `failed`. `cell`: its id and its production model's folder. Returns the calibration
+    (None: none this cycle)."""
+    wanted = [n for n in (CALIBRATED, CALIBRATED_FINETUNE) if n in params.loop.candidates]
+    if not wanted:
+        return None
+    cell_id, production = cell
+    common = (params, root, cell_id)
+    state = calibrate_cell(*common, batches, dataset_version, return_state=True)
+    calibration = _value(state)
+    if calibration is not None and calibration["skip"]:
+        failed += [{"name": name, "error": calibration["skip"]} for name in wanted]
+        return None
+    if calibration is not None:
+        state = calibrated_policy(*common, calibration, return_state=True)
+    if not state.is_completed():
+        failed += [{"name": name, "error": _reason(state)} for name in wanted]
+        return calibration
+    if CALIBRATED in wanted and _same_weights(root / calibration["policy"], Path(production)):
+        # Promoted in an earlier cycle and nothing moved since: no trial of a model against
+        # itself.
+        failed.append({"name": CALIBRATED, "error": "the production model already (same weights)"})
+    elif CALIBRATED in wanted:
+        state = register_calibrated(
+            *common, calibration, dataset_version, number, return_state=True
+        )
+        _keep(CALIBRATED, state, calibration, built, failed)
+    if CALIBRATED_FINETUNE in wanted:
+        state = fine_tune_calibrated(
+            *common, calibration, batches, dataset_version, number, return_state=True
+        )
+        _keep(CALIBRATED_FINETUNE, state, calibration, built, failed)
+    return calibration
+
+
+class _NoCandidate(Exception):
+    """No candidate could be built for a cell: the cell's cycle fails with the reasons."""
+
+
+def _keep(name, state, calibration, built, failed) -> None:
+    if state.is_completed():
+        trained = state.result()
+        built.append(
+            {
+                "name": name,
+                "policy_folder": trained["policy_folder"],
+                "mlflow_run_id": trained["mlflow_run_id"],
+                "model_version": trained["model_version"],
+                "calibration": _calibration_ref(calibration),
+                "trained": trained,
+            }
+        )
+    else:
+        failed.append({"name": name, "error": _reason(state)})
+
+
+def _calibration_ref(calibration: dict | None) -> dict | None:
+    """The calibration a candidate used, as its MLflow tags and the summary name it."""
+    if calibration is None:
+        return None
+    return {"hash": calibration["hash"], "path": calibration["path"]}
+
+
+def _row(candidate: dict) -> dict:
+    """A candidate in the summary: its figures, not its whole training record."""
+    return {k: v for k, v in candidate.items() if k != "trained"}
+
+
+def _last_calibration(root: Path, cell_id: str) -> dict | None:
+    """Without this cycle's calibration (too few episodes, or no calibrated candidate asked
+    for): the cell's calibration in use, for the sim term of the pre-screen, if any."""
+    from pipelines.calibrate.cache import current_calibration
+    from pipelines.training.calibrated import cell_folder
+
+    found = current_calibration(cell_folder(root, cell_id))
+    return None if found is None else _named_in(root, found.as_dict())
+
+
+def _named_in(root: Path, calibration: dict) -> dict:
+    """Its files as the workspace names them: the summary and MLflow tags never hold an
+    absolute path of this machine, and a moved workspace still finds them."""
+    named = dict(calibration)
+    for key in ("path", "policy"):
+        path = Path(calibration[key]).resolve()
+        if path.is_relative_to(root.resolve()):  # outside the workspace: kept as it is
+            named[key] = str(path.relative_to(root.resolve()))
+    return named
+
+
+def _same_weights(a: Path, b: Path) -> bool:
+    from pipelines.ingest import sha256_file
+    from pipelines.training.policy import WEIGHTS_FILE
+
+    return sha256_file(a / WEIGHTS_FILE) == sha256_file(b / WEIGHTS_FILE)
+
+
+def _cached(calibration: dict, root: Path):
+    """The task's record (paths as the workspace names them) as a CachedCalibration."""
+    from pipelines.calibrate.cache import CachedCalibration
+
+    return CachedCalibration(
+        calibration["hash"],
+        root / calibration["path"],
+        root / calibration["policy"],
+        list(calibration["changed"]),
+        bool(calibration["new"]),
+    )
+
+
+def _result(state, step: str):
+    if state.is_completed():
+        return state.result()
+    raise _NoCandidate(f"{step}: {_reason(state)}")
+
+
+def _value(state):
+    return state.result() if state.is_completed() else None
+
+
+def _reason(state) -> str:
+    error = state.result(raise_on_failure=False)
+    return str(error).splitlines()[0] if error else str(state)
+
+
+def _shown(value: float | None) -> str:
+    return "unscored" if value is None else f"{value:.3f}"
