@@ -78,22 +78,12 @@ def pretrain(
 def _pretrain_world(params, calibration: Path | None):
     """(world, pretrain params, policy identity): the plain sim, or the calibrated one with
     the calibration's randomization ranges and its own delay distribution."""
-    import dataclasses
-
-    from pipelines.contract.params import RandomizationParams
-    from pipelines.ingest import sha256_file
-    from refcell.world import calibrated_world, load_world
+    from refcell.pretrain import calibrated_setup
+    from refcell.world import load_world
 
     if calibration is None:
         return load_world("sim"), params, {}
-    world, ranges = calibrated_world(calibration)
-    merged = {**dataclasses.asdict(params.randomization), **ranges, "latency_steps": None}
-    randomization = RandomizationParams(**merged)
-    identity = {
-        "version": "sim-cal-0",
-        "trained_on": {"world": "calibrated sim", "calibration": sha256_file(calibration)},
-    }
-    return world, dataclasses.replace(params, randomization=randomization), identity
+    return calibrated_setup(params, calibration)  # as the loop's calibrated candidates
 
 
 @app.command("eval")
@@ -104,12 +94,85 @@ def evaluate(
     episodes: Annotated[int, typer.Option(min=1)] = 200,
     seed: int = 1000,
     interventions: Annotated[bool, typer.Option(help="let the operator take over")] = False,
+    day: Annotated[
+        float | None,
+        typer.Option(min=0.0, help="the line as on this day: its timeline's events up to it"),
+    ] = None,
+    seeds: Annotated[
+        str | None,
+        typer.Option(
+            help="comma-separated seeds, N episodes each at a different start offset in the "
+            "shift: success is their mean, with the range (instead of --seed)"
+        ),
+    ] = None,
     params_path: ParamsOpt = Path("params.yaml"),
     as_json: JsonOpt = False,
 ) -> None:
     """Run N episodes and report success, safety stops, interventions and cycle time."""
-    payload = run_eval(policy, world, episodes, seed, interventions, params_path, progress=True)
+    if seeds is None:
+        payload = run_eval(
+            policy, world, episodes, seed, interventions, params_path, progress=True, day=day
+        )
+    else:
+        payload = run_eval_seeds(
+            policy, world, episodes, _seed_list(seeds), interventions, params_path, day
+        )
     emit(payload, as_json, _print_eval)
+
+
+def _seed_list(text: str) -> list[int]:
+    try:
+        seeds = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise CommandError(f"--seeds {text}: not a comma-separated list of integers") from None
+    if not seeds:
+        raise CommandError("--seeds: give at least one seed")
+    return seeds
+
+
+def run_eval_seeds(
+    policy: str,
+    world: str,
+    episodes: int,
+    seeds: list[int],
+    interventions: bool,
+    params_path: Path,
+    day: float | None = None,
+) -> dict:
+    """`episodes` per seed, seed k starting k/len(seeds) of the way into the shift (so each
+    meets the shift's light and load in another order): the mean and range over seeds."""
+    rows = [
+        run_eval(
+            policy,
+            world,
+            episodes,
+            seed,
+            interventions,
+            params_path,
+            progress=True,
+            day=day,
+            offset=k * episodes // len(seeds),
+        )
+        for k, seed in enumerate(seeds)
+    ]
+    rates = [row["success_rate"] for row in rows]
+    return {
+        "policy": policy,
+        "world": world,
+        "day": day,
+        "events": rows[0]["events"],
+        "seeds": [
+            {"seed": r["seed"], "offset": r["offset"], "success_rate": r["success_rate"]}
+            for r in rows
+        ],
+        "episodes": sum(r["episodes"] for r in rows),
+        "success_rate": sum(rates) / len(rates),
+        "success_min": min(rates),
+        "success_max": max(rates),
+        "safety_stops": sum(r["safety_stops"] for r in rows),
+        "interventions": sum(r["interventions"] for r in rows),
+        "mean_cycle_time_s": sum(r["mean_cycle_time_s"] for r in rows) / len(rows),
+    }
 
 
 def run_eval(
@@ -120,9 +183,15 @@ def run_eval(
     interventions: bool,
     params_path: Path,
     progress: bool = False,
+    day: float | None = None,
+    offset: int = 0,
 ) -> dict:
+    """`day`: the world with its timeline's events up to that day applied (refcell.timeline);
+    `offset`: the episodes take the shift's slots from this one on, wrapping around."""
     from pipelines.contract.params import load_params
-    from refcell.runner import Operator, run_episodes, summarize
+    from refcell.cell import Cell
+    from refcell.runner import Operator, run_episode, summarize
+    from refcell.timeline import events_until, load_timeline, world_on_day
     from refcell.world import WORLD_NAMES, load_world
 
     if world not in WORLD_NAMES:
@@ -130,21 +199,53 @@ def run_eval(
     params = load_params(params_path)
     controller = resolve_controller(policy, params_path)
     operator = Operator(params.record.operator) if interventions else None
-    results = []
+    line, events = load_world(world), ()
+    if day is not None:
+        timeline = load_timeline(world)
+        line, events = world_on_day(line, timeline, day), events_until(timeline, day)
+    cell, results = Cell(line, params.cell), []
     with progress_bar(progress) as update:
-        for result in run_episodes(
-            load_world(world), params.cell, controller, episodes, seed, operator
-        ):
-            results.append(result)
+        for index in range(offset, offset + episodes):
+            results.append(run_episode(cell, controller, seed, index, episodes, operator))
             update(f"{policy} on {world}", len(results), episodes)
-    return {"policy": policy, "world": world, "seed": seed, **summarize(results)}
+    return {
+        "policy": policy,
+        "world": world,
+        "seed": seed,
+        "offset": offset,
+        "day": day,
+        "events": [event.name for event in events],
+        **summarize(results),
+    }
 
 
 def _print_eval(p: dict) -> None:
+    spread = f" (seeds {p['success_min']:.1%}-{p['success_max']:.1%})" if "seeds" in p else ""
     stdout.print(
-        f"{p['policy']} on {p['world']}: success {p['success_rate']:.1%} of {p['episodes']}, "
+        f"{p['policy']} on {p['world']}: success {p['success_rate']:.1%}{spread} of "
+        f"{p['episodes']}, "
         f"safety stops {p['safety_stops']}, interventions {p['interventions']}, "
         f"mean cycle {p['mean_cycle_time_s']:.2f} s"
+    )
+
+
+@app.command()
+@fails_cleanly
+def timeline(
+    world: Annotated[str, typer.Option(help="a cell's line (cell-07, ...) or a world YAML")],
+    as_json: JsonOpt = False,
+) -> None:
+    """The dated events of a line (days from the line's first day), as the cell applies them."""
+    from refcell.timeline import load_timeline
+
+    try:
+        events = [{"day": e.day, "name": e.name} for e in load_timeline(world)]
+    except FileNotFoundError:
+        raise CommandError(f"--world {world}: no such world or YAML file") from None
+    emit(
+        {"world": world, "events": events},
+        as_json,
+        lambda p: [stdout.print(f"day {e['day']:g}: {e['name']}") for e in p["events"]],
     )
 
 
@@ -239,6 +340,14 @@ def run_cell(
         int | None,
         typer.Option(min=1, help="production shifts to record, then only trials (default: no end)"),
     ] = None,
+    shifts_per_day: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="production shifts start at fixed times of the line's day, K a day; the clock "
+            "idles between them (default: back to back)",
+        ),
+    ] = None,
     params_path: ParamsOpt = Path("params.yaml"),
     as_json: Annotated[
         bool, typer.Option("--json", help="a JSON summary on stdout at exit")
@@ -265,7 +374,7 @@ def run_cell(
     config = CellRunConfig(
         cell_id, world, channel, landing, box, episodes_per_shift, seed, speed, poll_s, ground_truth
     )
-    config = dataclasses.replace(config, max_shifts=shifts)
+    config = dataclasses.replace(config, max_shifts=shifts, shifts_per_day=shifts_per_day)
     try:
         process = CellProcess(
             config,

@@ -8,6 +8,7 @@ import typer
 
 from flows import (
     calibrate_cli,
+    campaign,
     cell,
     commands,
     demo,
@@ -68,6 +69,7 @@ app.command("promote")(deploy.promote_command)
 app.command("rollback")(deploy.rollback_command)
 app.add_typer(keys_cli.app, name="keys")
 app.command("demo")(demo.demo_command)
+app.command("campaign")(campaign.campaign_command)
 app.command("gc")(gc_cli.gc_command)
 app.add_typer(services_cli.app, name="services")
 

@@ -24,7 +24,7 @@ from pipelines.contract.params import CellParams, EdgeParams, RecordParams
 from refcell.cell import Cell
 from refcell.process.clock import NS, CellClock, resumed_start_ns
 from refcell.process.edgebox import IDLE_LOG_S, EdgeBox
-from refcell.process.line import Line
+from refcell.process.line import Line, scheduled_start_ns
 from refcell.process.production import Production
 from refcell.process.trials import TrialRunner
 from refcell.process.uploader import LandingUploader
@@ -50,6 +50,10 @@ class CellRunConfig:
     ground_truth: bool = True
     idle_log_s: float = IDLE_LOG_S
     max_shifts: int | None = None  # production shifts to record; then the cell only runs trials
+    # Production starts at fixed times of the line's day, this many a day, each recording
+    # episodes_per_shift episodes; the clock idles between (trials still run on request), so
+    # a day takes 86,400 / speed wall seconds. None: production runs back to back.
+    shifts_per_day: int | None = None
 
 
 class CellProcess:
@@ -108,6 +112,8 @@ class CellProcess:
         )
         self.stopped_by: str | None = None
         self._wall_start = time.monotonic()
+        self._scheduled_ns: int | None = None  # the scheduled start production last took
+        self._owed = 0  # production episodes still to record for it
 
     def stop_on_signals(self) -> None:
         """SIGTERM and SIGINT end the run after the current episode (main thread only)."""
@@ -159,11 +165,36 @@ class CellProcess:
         request = self.trials.next_request()
         if request is not None:
             self.trials.run(request)
-        elif model is not None and not self._production_done():
+        elif model is not None and not self._production_done() and self._production_due():
             self.production.episode(model)
+            self._end_scheduled_shift()
         else:
             self.stop.wait(self.config.poll_s)
             self.clock.catch_up()
+
+    def _production_due(self) -> bool:
+        """Back to back without a schedule; with one, a scheduled start that production has
+        not taken yet owes a shift's episodes (a start missed while trials ran is taken late,
+        several missed ones once)."""
+        shifts_per_day = self.config.shifts_per_day
+        if shifts_per_day is None or self._owed > 0:
+            return True
+        self.clock.catch_up()
+        due = scheduled_start_ns(self.line.epoch_ns, shifts_per_day, self.clock.now_ns())
+        if self._scheduled_ns is not None and due <= self._scheduled_ns:
+            return False
+        self._scheduled_ns, self._owed = due, self.config.episodes_per_shift
+        return True
+
+    def _end_scheduled_shift(self) -> None:
+        """Count the episode against what production owes; when it owes nothing and trials
+        took slots of its shift (the line's shift is still open), close and upload its log
+        now: the day's production must land the day it ran, not with the next shift."""
+        if self.config.shifts_per_day is None:
+            return
+        self._owed = max(0, self._owed - 1)
+        if self._owed == 0 and self.line.shift is not None:
+            self.production.close()
 
     def _production_done(self) -> bool:
         done = self.config.max_shifts is not None

@@ -21,7 +21,14 @@ from refcell.cell import Cell
 from refcell.process.clock import NS, CellClock, save_high_water, stamp
 from refcell.recorder import EPISODE_GAP_S, ShiftRecorder
 from refcell.runner import Controller, EpisodeResult, Operator, Screen, StepRecord, run_episode
-from refcell.timeline import Timeline, events_until, line_day, line_epoch_ns, world_on_day
+from refcell.timeline import (
+    DAY_NS,
+    Timeline,
+    events_until,
+    line_day,
+    line_epoch_ns,
+    world_on_day,
+)
 
 PRODUCTION, TRIAL = "production", "trial"
 
@@ -144,6 +151,13 @@ class Line:
             ended, self.shift = self.shift, None
             self.shifts_ended += 1
             self.on_shift_end(ended)
+
+
+def scheduled_start_ns(epoch_ns: int, shifts_per_day: int, now_ns: int) -> int:
+    """The latest scheduled shift start at or before `now_ns`: shifts start at fixed times of
+    the line's day (day 0 at `epoch_ns`), `shifts_per_day` of them, evenly spaced."""
+    period = DAY_NS // shifts_per_day
+    return epoch_ns + (now_ns - epoch_ns) // period * period
 
 
 def shift_seed(seed: int, shift_id: str) -> int:

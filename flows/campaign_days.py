@@ -1,0 +1,140 @@
+"""The campaign's days, read from storage: which production episodes each cell recorded on
+which day of its line, and whether a day's shift drifted from the day before.
+
+A cell's line day 0 begins when its box first ran (the box's `line-epoch.json`, written by the
+cell); an episode belongs to the day its shift started on (the shift id in its episode id is the
+shift's start), so a shift that runs past midnight stays one day's. Trial episodes are left out:
+they are the loop's, and a day's figures are its production. A cell kept busy past a scheduled
+start skips that day (refcell.process: missed starts are taken once, late): the day has no
+shift, and a later day's shift says so. Drift compares a day's shift with the
+day before's, so a step change in the line (a knocked camera, a new part) shows on the first
+shift after it, and a loop that retrained on the old line does not keep re-triggering on it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipelines.contract.params import Params
+
+DAY_NS = 86_400 * 1_000_000_000
+EPOCH_FILE = "line-epoch.json"  # in a cell's box: when its line's day 0 began (refcell writes it)
+
+Tables = tuple[pa.Table, pa.Table]  # (episodes, steps)
+
+
+def read_epoch(box: Path) -> int | None:
+    """A cell's line day 0 (ns since the epoch), or None before its first shift."""
+    try:
+        return int(json.loads((Path(box) / EPOCH_FILE).read_text())["epoch_ns"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def shift_starts_ns(episode_ids: list[str]) -> np.ndarray:
+    """The start of each episode's shift: `<cell>-<shift_id>-<slot>`, the shift id its start
+    in UTC seconds (docs/data-contract.md)."""
+    from datetime import UTC, datetime
+
+    stamps = [episode_id.rsplit("-", 2)[-2] for episode_id in episode_ids]
+    return np.array(
+        [
+            int(datetime.strptime(s, "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC).timestamp()) * 10**9
+            for s in stamps
+        ],
+        dtype=np.int64,
+    )
+
+
+def episode_days(start_ns: np.ndarray, epoch_ns: int) -> np.ndarray:
+    return (np.asarray(start_ns, dtype=np.int64) - epoch_ns) // DAY_NS
+
+
+@dataclass
+class DayLedger:
+    """Production episodes by (cell, day), read batch by batch as ingest adds them."""
+
+    workspace: Path
+    params: Params
+    epochs: dict[str, int]
+    known: set[str] = field(default_factory=set)
+    shifts: dict[tuple[str, int], list[Tables]] = field(default_factory=dict)
+
+    def refresh(self) -> int:
+        """Read the batches the dataset gained since the last look; how many."""
+        from pipelines.ingest import current_version, read_dataset, version_sources
+
+        dataset = self.workspace / self.params.ingest.dataset
+        if not dataset.with_name(dataset.name + ".dvc").is_file():
+            return 0  # nothing ingested yet
+        version = current_version(self.workspace, dataset)
+        new = sorted(set(version_sources(self.workspace, version)) - self.known)
+        if new:
+            self._add(*read_dataset(dataset, new))
+            self.known |= set(new)
+        return len(new)
+
+    def _add(self, episodes: pa.Table, steps: pa.Table) -> None:
+        production = episodes.filter(pc.is_null(episodes["trial_request_id"]))
+        starts = shift_starts_ns(production["episode_id"].to_pylist())
+        cells = np.asarray(production["cell_id"].to_pylist())
+        for cell, epoch in self.epochs.items():
+            days = episode_days(starts, epoch)
+            for day in np.unique(days[cells == cell]):
+                rows = production.filter(pa.array((cells == cell) & (days == day)))
+                day_steps = steps.filter(pc.is_in(steps["episode_id"], rows["episode_id"]))
+                self.shifts.setdefault((cell, int(day)), []).append((rows, day_steps))
+
+    def days_with_shifts(self, cell: str) -> list[int]:
+        return sorted(day for name, day in self.shifts if name == cell)
+
+    def missed(self, cell: str, day: int) -> bool:
+        """The cell recorded a later day's shift but none on `day` (kept busy past its start)."""
+        later = any(d > day for d in self.days_with_shifts(cell))
+        return later and not self.count(cell, day)
+
+    def count(self, cell: str, day: int) -> int:
+        return sum(rows.num_rows for rows, _ in self.shifts.get((cell, day), []))
+
+    def tables(self, cell: str, day: int) -> Tables:
+        parts = self.shifts[(cell, day)]
+        return (
+            pa.concat_tables([rows for rows, _ in parts]),
+            pa.concat_tables([steps for _, steps in parts]),
+        )
+
+    def success(self, cell: str, day: int) -> float | None:
+        """The day's production success rate on the line (what the operator saw)."""
+        if not self.count(cell, day):
+            return None
+        return float(np.mean(self.tables(cell, day)[0]["success"].to_numpy(zero_copy_only=False)))
+
+
+def day_drift(ledger: DayLedger, cell: str, day: int) -> dict | None:
+    """The day's shift against the latest shift before it (pipelines.quality's drift measures
+    and trigger: drifted features, or new edge-case episodes); None without both."""
+    from pipelines.quality.drift import detect_drift
+
+    before = [d for d in ledger.days_with_shifts(cell) if d < day]
+    if not before or not ledger.count(cell, day):
+        return None
+    params = ledger.params
+    result = detect_drift(
+        ledger.tables(cell, before[-1]), ledger.tables(cell, day), params.cell, params.drift
+    )
+    drifted = len(result.drifted_features) >= params.drift.min_drifted_features
+    return {
+        "detected": drifted,
+        "trigger": result.trigger,
+        "drifted_features": result.drifted_features,
+        "new_edge_cases": result.new_edge_cases,
+        "edge_case_reasons": result.new_edge_case_reasons,
+        "reasons": result.reasons,
+        "against_day": before[-1],
+    }

@@ -1,0 +1,122 @@
+"""Held-out evaluation for the campaign: `realloop cell eval` on a cell's line as it is on a
+day (`--day`: its timeline's events up to then), on seeds the loop never uses, each at its own
+start offset in the shift; mean and range over the seeds.
+
+Results are cached by (policy sha256, events applied, seeds, episodes per seed): the reference
+cell is deterministic given those, so the same policy on the same line state with the same seeds
+gives the same figure, and a frozen policy on a line that did not change is evaluated once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+EXPERT = "expert"  # the privileged expert: no weights, its id is its name
+CACHE_FILE = "eval-cache.json"
+
+
+def policy_id(policy: str) -> str:
+    """What identifies a policy for the cache: the sha256 of its weights (or `expert`)."""
+    from pipelines.ingest import sha256_file
+
+    if policy == EXPERT:
+        return EXPERT
+    return sha256_file(Path(policy) / "model.safetensors")
+
+
+def events_on_day(timeline: list[dict], day: float) -> list[str]:
+    """The names of a timeline's events applied by `day` (as refcell applies them)."""
+    return [event["name"] for event in timeline if event["day"] <= day]
+
+
+class EvalCache:
+    """Evaluations by key, in a JSON file of the campaign's workspace (written atomically)."""
+
+    def __init__(self, path: Path, params_path: Path, episodes: int, seeds: tuple[int, ...]):
+        self.path, self.params_path = Path(path), Path(params_path)
+        self.episodes, self.seeds = episodes, tuple(seeds)
+        self.entries: dict[str, dict] = (
+            json.loads(self.path.read_text()) if self.path.is_file() else {}
+        )
+        self.hits = self.misses = 0
+
+    def key(self, policy_sha: str, events: list[str]) -> str:
+        what = [policy_sha, list(events), list(self.seeds), self.episodes]
+        return hashlib.sha256(json.dumps(what).encode()).hexdigest()
+
+    def evaluate(self, policy: str, world: str, day: int, events: list[str]) -> dict:
+        """`policy` (a folder or `expert`) on `world` as on `day`; `events`: those applied by
+        then (the cache key's line state)."""
+        key = self.key(policy_id(policy), events)
+        if key in self.entries:
+            self.hits += 1
+            return {**self.entries[key], "cached": True}
+        self.misses += 1
+        result = run_cell_eval(self.params_path, policy, world, day, self.episodes, self.seeds)
+        if result["events"] != list(events):  # the cell's timeline is the truth: say so loudly
+            raise ValueError(
+                f"{world} day {day}: the cell applied {result['events']}, the campaign expected "
+                f"{events}; the line file changed during the campaign"
+            )
+        entry = {
+            "success": round(result["success_rate"], 4),
+            "min": round(result["success_min"], 4),
+            "max": round(result["success_max"], 4),
+            "episodes": result["episodes"],
+            "seeds": result["seeds"],
+        }
+        self.entries[key] = entry
+        temp = self.path.with_name(f".{self.path.name}.partial")
+        temp.write_text(json.dumps(self.entries, indent=1))
+        temp.replace(self.path)
+        return {**entry, "cached": False}
+
+
+def run_cell_eval(
+    params_path: Path, policy: str, world: str, day: int, episodes: int, seeds: tuple[int, ...]
+) -> dict:
+    from flows.demo import _realloop
+
+    done = _realloop(
+        "cell",
+        "eval",
+        "--policy",
+        policy,
+        "--world",
+        world,
+        "--day",
+        str(day),
+        "--episodes",
+        str(episodes),
+        "--seeds",
+        ",".join(map(str, seeds)),
+        "--params",
+        str(params_path),
+        "--json",
+    )
+    return json.loads(done.stdout)
+
+
+def cell_timeline(world: str) -> list[dict]:
+    """The line's dated events, from the cell (`realloop cell timeline`)."""
+    from flows.demo import _realloop
+
+    return json.loads(_realloop("cell", "timeline", "--world", world, "--json").stdout)["events"]
+
+
+def snapshot_production(box: Path, store: Path) -> tuple[Path, dict]:
+    """(a copy of the box's active model under `store`, the box's status): releases on a box
+    are pruned, the copy stays for `realloop cell eval --policy` after the campaign."""
+    from edge.agent import status
+
+    active = status(box)
+    folder = store / active["sha256"][:16]
+    if not (folder / "config.json").is_file():
+        partial = folder.with_name(folder.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        shutil.copytree(active["path"], partial)
+        partial.replace(folder)
+    return folder, active

@@ -1,0 +1,190 @@
+"""`realloop campaign`: the eval cache, the targets computed from the daily figures, and (slow)
+one cell over three simulated days end to end as processes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flows import campaign_eval
+from flows.campaign_eval import EvalCache, events_on_day
+from flows.campaign_report import compute_targets, plot_campaign
+from tests.conftest import ROOT, realloop, without_prefect_settings
+
+TIMELINE = [{"day": 3.0, "name": "camera knocked"}, {"day": 5.0, "name": "new part"}]
+
+
+def test_cell_eval_on_a_day_applies_the_timeline_and_reports_each_seed():
+    run = realloop(
+        "cell", "eval", "--policy", "expert", "--world", "cell-07", "--day", "5",
+        "--seeds", "11,12", "--episodes", "4", "--json",
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout)
+    # cell-07's line file: the camera is knocked on day 3, the new part arrives on day 5
+    assert report["events"] == [
+        "camera knocked 15 mm along +x", "new part variant: wide box, 20% of parts"
+    ]  # fmt: skip
+    assert [(s["seed"], s["offset"]) for s in report["seeds"]] == [(11, 0), (12, 2)]
+    assert report["episodes"] == 8
+    assert report["success_min"] <= report["success_rate"] <= report["success_max"]
+
+
+def fake_policy(folder: Path, weights: bytes) -> str:
+    folder.mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(weights)
+    return str(folder)
+
+
+def test_the_eval_cache_keys_on_weights_line_state_and_seeds(tmp_path, monkeypatch):
+    runs = []
+
+    def cell_eval(_params, policy, world, day, episodes, seeds):
+        runs.append((policy, day))
+        return {
+            "events": events_on_day(TIMELINE, day),
+            "success_rate": 0.9, "success_min": 0.85, "success_max": 0.95,
+            "episodes": episodes * len(seeds), "seeds": [],
+        }  # fmt: skip
+
+    monkeypatch.setattr(campaign_eval, "run_cell_eval", cell_eval)
+    cache = EvalCache(tmp_path / "cache.json", tmp_path / "params.yaml", 10, (1, 2, 3))
+    a = fake_policy(tmp_path / "a", b"weights")
+    same = fake_policy(tmp_path / "copy-of-a", b"weights")
+    for day in (0, 1, 2):  # no event yet: one line state
+        assert cache.evaluate(a, "cell-07", day, events_on_day(TIMELINE, day))["success"] == 0.9
+    assert cache.evaluate(same, "cell-07", 2, [])["cached"]  # same weights elsewhere: same figure
+    cache.evaluate(a, "cell-07", 3, events_on_day(TIMELINE, 3))  # the camera moved: evaluated
+    assert runs == [(a, 0), (a, 3)] and (cache.hits, cache.misses) == (3, 2)
+    other_seeds = EvalCache(tmp_path / "cache.json", tmp_path / "params.yaml", 10, (4, 5, 6))
+    assert other_seeds.key("sha", []) != cache.key("sha", [])
+    reloaded = EvalCache(tmp_path / "cache.json", tmp_path / "params.yaml", 10, (1, 2, 3))
+    assert reloaded.evaluate(a, "cell-07", 1, [])["cached"]  # kept on disk across runs
+
+
+def figures(production, expert=0.98, sim=0.5, cal=0.9):
+    row = {"production": production, "expert": expert, "sim": sim, "calibrated_once": cal}
+    return {k: {"success": v, "min": v, "max": v} for k, v in row.items()}
+
+
+def day(number, production, loop=False, drift=None, promotion=None, **others):
+    return {
+        "day": number,
+        "policies": figures(production, **others),
+        "loop": {"ran": loop},
+        "drift_detected": drift,
+        "promoted": promotion is not None,
+        "promotion": promotion,
+    }
+
+
+def campaign_cell(days):
+    return {"events": TIMELINE, "days": days}
+
+
+def test_targets_are_computed_from_the_daily_figures():
+    good = campaign_cell([
+        day(0, 0.95, loop=True, promotion={"before": 0.6, "after": 0.95}),
+        day(1, 0.97, loop=True, drift=False),
+        day(2, 0.97, drift=False),
+        day(3, 0.80, loop=True, drift=True, sim=0.3, cal=0.6),
+        day(4, 0.96, loop=True, drift=False, sim=0.3, cal=0.6,
+            promotion={"before": 0.8, "after": 0.96}),
+        day(5, 0.95, loop=True, drift=True, sim=0.2, cal=0.5),
+    ])  # fmt: skip
+    targets = compute_targets({"cell-07": good}, margin=0.02)
+    assert targets["first_cycle_at_least_90"] == {
+        "value": 0.95, "met": True, "cases": {"cell-07": 0.95}
+    }  # fmt: skip
+    assert targets["within_3_points_of_expert_after_3_cycles"]["value"] == pytest.approx(0.01)
+    assert targets["drift_detected_on_first_shift_after_event"]["value"] == 1.0
+    recovery = targets["recovery_within_2_cycles"]
+    assert recovery["met"] and [c["day"] for c in recovery["cases"]] == [3, 5]
+    assert targets["no_promotion_worse_than_replaced"]["met"]
+    behind = targets["baselines_fall_behind_after_events"]
+    assert behind["met"] and behind["cases"]["sim"]["before_events"] == 0.5
+
+
+def test_targets_say_when_they_are_missed():
+    bad = campaign_cell([
+        day(0, 0.70, loop=True, promotion={"before": 0.75, "after": 0.70}),
+        day(3, 0.60, drift=False),
+        day(4, 0.60, loop=True),
+    ])  # fmt: skip
+    targets = compute_targets({"cell-07": bad}, margin=0.02)
+    assert targets["first_cycle_at_least_90"]["met"] is False
+    assert targets["drift_detected_on_first_shift_after_event"]["met"] is False
+    assert targets["recovery_within_2_cycles"]["met"] is False
+    assert targets["no_promotion_worse_than_replaced"]["value"] == pytest.approx(-0.05)
+    assert targets["no_promotion_worse_than_replaced"]["met"] is False
+    assert targets["baselines_fall_behind_after_events"]["met"] is False  # they did not fall
+    quiet = compute_targets({"cell-07": campaign_cell([day(0, 0.9)])}, margin=0.02)
+    assert quiet["no_promotion_worse_than_replaced"]["met"] is None  # no case, not a pass
+
+
+def test_the_plot_has_a_panel_per_cell(tmp_path):
+    cell = campaign_cell([day(0, 0.9, loop=True, promotion={"before": 0.5, "after": 0.9})])
+    out = plot_campaign({"cell-07": cell, "cell-08": cell}, tmp_path / "campaign.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --- end to end ------------------------------------------------------------------------------
+
+
+def small_campaign_params(folder: Path) -> Path:
+    """Fast enough for a test: a tiny pretraining recipe (the calibrated-once policy, and the
+    sim policy where the checkout has none), short shifts, few held-out and trial episodes, a
+    short fine-tune, and a simulated day in 30 wall seconds."""
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["pretrain"].update(demo_episodes=8, dagger_rounds=1, dagger_episodes=4, epochs=2)
+    params["campaign"].update(
+        speed=2880, episodes_per_shift=60, eval_episodes=20, trial_episodes=20, poll_s=2
+    )
+    # The loop is a black box here: one cheap candidate a cycle is enough to exercise it.
+    params["loop"].update(candidates=["incumbent_finetune"], sim_eval_episodes=10)
+    params["train"].update(epochs=20)
+    path = folder / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_one_cell_for_three_days(tmp_path):
+    workspace = tmp_path / "campaign"
+    command = [
+        sys.executable, "-m", "flows.cli", "campaign", "--cells", "1", "--days", "3",
+        "--workspace", str(workspace), "--params", str(small_campaign_params(tmp_path)), "--json",
+    ]  # fmt: skip
+    # As users run it, with its own (ephemeral) Prefect API, not the test session's settings.
+    done = subprocess.run(
+        command, cwd=ROOT, env=without_prefect_settings(), capture_output=True, text=True,
+        timeout=580,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    document = json.loads(done.stdout)
+    assert document == json.loads((workspace / "campaign.json").read_text())
+    assert (workspace / "campaign.png").read_bytes()[:4] == b"\x89PNG"
+    cell = document["cells"]["cell-07"]
+    assert [d["day"] for d in cell["days"]] == [0, 1, 2]
+    first = cell["days"][0]
+    assert first["loop"]["ran"]  # the first shift triggers (edge cases) or the floor does
+    for row in cell["days"]:
+        assert set(row["policies"]) == {"production", "sim", "calibrated_once", "expert"}
+        for figure in row["policies"].values():
+            assert 0.0 <= figure["min"] <= figure["success"] <= figure["max"] <= 1.0
+    assert cell["events"][0] == {"day": 3.0, "name": "camera knocked 15 mm along +x"}
+    assert all(not row["new_events"] for row in cell["days"])  # day 3 is after the run
+    assert set(document["targets"]) >= {"first_cycle_at_least_90", "recovery_within_2_cycles"}
+    assert document["mlflow_run_id"]
+    again = realloop(
+        "cell", "eval", "--policy", cell["final_policy"], "--world", "cell-07",
+        "--episodes", "5", "--json",
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["episodes"] == 5
