@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import subprocess
 import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+
+from bench.cli import report_or_error
 
 for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ[_var] = "1"  # the figures are per core, as the loop's `train.threads: 1` runs
@@ -56,16 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--params", type=Path, default=ROOT / "params.yaml")
     parser.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     args = parser.parse_args(argv)
-    try:
-        report = run(args)
-    except (FileNotFoundError, ValueError, subprocess.CalledProcessError) as exc:
-        print(f"bench.efficacy: {str(exc).splitlines()[0]}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print_report(report)
-    return 0
+    errors = (FileNotFoundError, ValueError, subprocess.CalledProcessError)
+    return report_or_error("efficacy", lambda: run(args), print_report, args.json, errors)
 
 
 def _say(message: str) -> None:

@@ -20,6 +20,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from bench.cli import report_or_error
+
 # numpy and torch are imported inside functions, after this: the figures are per core.
 for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ[_var] = "1"
@@ -40,16 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     parser.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     args = parser.parse_args(argv)
-    try:
-        report = run(args.steps, args.seed, args.operator, args.params)
-    except (FileNotFoundError, ValueError) as exc:
-        print(f"bench.refcell: {str(exc).splitlines()[0]}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print_report(report)
-    return 0
+
+    def produce() -> dict:
+        return run(args.steps, args.seed, args.operator, args.params)
+
+    return report_or_error("refcell", produce, print_report, args.json)
 
 
 def run(step_budget: int, seed: int, operator_on: bool, params_path: Path) -> dict:

@@ -26,6 +26,8 @@ import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
+from bench.cli import report_or_error
+
 SIM_POLICY = Path("models") / "sim-policy"
 # The shift clock decides the line's lighting: every shift starts at the same hour, so that a
 # seed, not the time of the run, decides what is recorded.
@@ -46,22 +48,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     args = parser.parse_args(argv)
-    try:
+
+    def produce() -> dict:
         if args.workdir:
-            report = run(args.seeds, args.episodes, args.workdir, args.params, args.baseline_params)
-        else:
-            with tempfile.TemporaryDirectory(prefix="bench-triage-") as tmp:
-                report = run(
-                    args.seeds, args.episodes, Path(tmp), args.params, args.baseline_params
-                )
-    except (FileNotFoundError, ValueError) as exc:
-        print(f"bench.triage: {str(exc).splitlines()[0]}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print_report(report)
-    return 0
+            return run(args.seeds, args.episodes, args.workdir, args.params, args.baseline_params)
+        with tempfile.TemporaryDirectory(prefix="bench-triage-") as tmp:
+            return run(args.seeds, args.episodes, Path(tmp), args.params, args.baseline_params)
+
+    return report_or_error("triage", produce, print_report, args.json)
 
 
 def record(params, root: Path, episodes: int, seed: int) -> Path:
