@@ -56,11 +56,12 @@ def pretrain(
     With --calibration, the sim first takes the line's estimated parameters and ranges."""
     from pipelines.contract.params import load_params
     from pipelines.training.onnx_export import save_policy_for_edge
+    from pipelines.training.train import intra_op_threads
     from refcell.pretrain import pretrain_with_observations
 
     params = load_params(params_path)
     world, pretrain_params, identity = _pretrain_world(params.pretrain, calibration)
-    with progress_bar(not as_json) as update:
+    with progress_bar(not as_json) as update, intra_op_threads(params.train.threads):
         net, observations = pretrain_with_observations(
             world, params.cell, pretrain_params, progress=update, **identity
         )
@@ -109,6 +110,7 @@ def evaluate(
     as_json: JsonOpt = False,
 ) -> None:
     """Run N episodes and report success, safety stops, interventions and cycle time."""
+    _one_control_thread()
     if seeds is None:
         payload = run_eval(
             policy, world, episodes, seed, interventions, params_path, progress=True, day=day

@@ -50,6 +50,7 @@ class CellParams:
     success_tolerance_m: float
     settle_speed_mps: float
     max_speed_mps: float
+    pusher_radius_m: float  # the tool's radius: where it touches the part
     safety: SafetyParams
 
     @property
@@ -233,6 +234,7 @@ class DriftParams:
     p_value: float  # KS and chi-square: a difference must also be significant
     max_lag_steps: int
     jitter_clearance_m: float
+    contact_band_m: float  # a pushing step: the part seen this close to its contact circle
     min_drifted_features: int
     min_new_edge_cases: int
 
@@ -243,7 +245,6 @@ class TriageParams:
     extent_tolerance_m: float  # a part further off nominal than this is a different part
     max_part_turn_rad: float  # ...and so is one that turns further while pushed (a box)
     min_push_gap_m: float  # a larger part is blamed when the push gap is at least this
-    pusher_radius_m: float
     min_confidence: float  # perception: mean confidence below this
     max_penetration_m: float  # ...or the pusher appears this deep inside the part
     max_pose_jitter_m: float  # ...or perceived position noise above this

@@ -192,6 +192,7 @@ def prescreen_cell(
     `evaluate`, params `simulator.evaluate`). Returns them ranked and the held-out examples'
     count."""
     from pipelines.ingest import read_dataset
+    from pipelines.training.train import intra_op_threads
 
     loop, examples = params.loop, None
     if split.heldout:
@@ -206,7 +207,10 @@ def prescreen_cell(
         success = None
         if calibration is not None and evaluate is not None:
             episodes_n, seed = loop.sim_eval_episodes, loop.sim_eval_seed
-            success = float(evaluate(folder, calibration, params.cell, episodes_n, seed))
+            # One observation a step: torch's thread pool cannot speed that up, and its
+            # spin-waits take the cores the cells and the other candidates share.
+            with intra_op_threads(1):
+                success = float(evaluate(folder, calibration, params.cell, episodes_n, seed))
         scored.append(dict(candidate) | score(error, success, loop.sim_weight))
     return rank(scored), 0 if examples is None else len(examples)
 

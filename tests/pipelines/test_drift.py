@@ -19,6 +19,8 @@ from pipelines.contract import schema
 from pipelines.quality import drift
 from pipelines.quality.drift.features import (
     ACTION_LATENCY,
+    CONTACT_OFFSET_X,
+    CONTACT_OFFSET_Y,
     CYCLE_TIME,
     FAILURE_MODE,
     FEATURES,
@@ -28,6 +30,7 @@ from pipelines.quality.drift.features import (
 )
 
 MAX_SPEED = 0.30  # params.yaml cell.max_speed_mps
+CONTACT_M = 0.012 + 0.06 / 2  # params.yaml cell.pusher_radius_m + half the part's extent
 START = datetime(2026, 12, 1, 6, 0, tzinfo=UTC)
 SUCCESS_ONLY = {"none": 1.0}
 FEW_FAILURES = {"none": 0.85, "timeout": 0.1, "safety_stop:speed": 0.05}
@@ -44,12 +47,15 @@ def synthetic(
     steps: tuple[int, int] = (50, 80),
     failures: dict[str, float] = FEW_FAILURES,
     edge_cases: int = 0,
+    camera_bias_m: tuple[float, float] = (0.0, 0.0),
     prefix: str = "cell-07-20261201T060000Z",
 ) -> tuple[pa.Table, pa.Table]:
     """(episodes, steps) conforming to the schema. Commands are smooth sines; the measured
     velocity is the command `latency` steps late (episode i gets latencies[i % len]; plus the
-    one row by which any response shows), plus noise. The pusher stays far from a still part,
-    so pose changes are noise."""
+    one row by which any response shows), plus noise. For the first half of an episode the
+    pusher stays far from a still part, so pose changes are noise; for the second it pushes
+    the part (on its contact circle, moving towards it), which the camera sees off by its
+    bias."""
     rng = np.random.default_rng(seed)
     ep_rows: dict[str, list] = {f.name: [] for f in schema.EPISODES_SCHEMA}
     st_rows: dict[str, list] = {f.name: [] for f in schema.STEPS_SCHEMA}
@@ -64,6 +70,10 @@ def synthetic(
         velocity[1 + latency :] += action[: n - 1 - latency] * MAX_SPEED
         part = rng.normal(0.0, pose_noise_m, (n, 2))
         pusher = np.array([0.25, -0.25]) + rng.normal(0.0, 0.001, (n, 2))
+        pushing = np.arange(n) >= n // 2
+        heading = velocity / np.maximum(np.linalg.norm(velocity, axis=1, keepdims=True), 1e-9)
+        pusher[pushing] = -CONTACT_M * heading[pushing]  # the part sits at the origin
+        part[pushing] = rng.normal(0.0, 0.002, (pushing.sum(), 2)) + camera_bias_m
         conf = np.clip(rng.normal(*confidence, n), 0.0, 1.0)
         mode = str(rng.choice(modes, p=shares))
         stop_kind = mode.partition(":")[2] or None
@@ -161,6 +171,21 @@ def test_one_shifted_feature_drifts_alone(params, baseline_tables, feature, shif
     assert drifted(result) == {feature}
     assert result.trigger is True
     assert len(result.reasons) == 1 and result.reasons[0].startswith(f"{feature} drifted: ")
+
+
+@pytest.mark.parametrize("bias", [(0.015, 0.0), (0.0, -0.015)])
+def test_a_knocked_camera_drifts_the_contact_offsets_and_nothing_else(
+    params, baseline_tables, bias
+):
+    result = drift.detect_drift(
+        baseline_tables, synthetic(seed=3, camera_bias_m=bias), params.cell, params.drift
+    )
+    assert drifted(result) and drifted(result) <= {CONTACT_OFFSET_X, CONTACT_OFFSET_Y}
+    along = CONTACT_OFFSET_X if bias[0] else CONTACT_OFFSET_Y
+    assert along in drifted(result)
+    feature = next(f for f in result.features if f.name == along)
+    shift = feature.current["median"] - feature.baseline["median"]
+    assert np.sign(shift) == np.sign(sum(bias))  # the offsets move the way the camera did
 
 
 def test_latency_is_estimated_per_episode_and_its_shift_drifts(params, baseline_tables):

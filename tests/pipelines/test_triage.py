@@ -178,7 +178,7 @@ def test_push_gap_is_the_camera_offset_along_the_push(params, offset):
     n = 100
     velocity = np.tile([0.10, 0.0], (n, 1))  # the pusher drives the part along +x
     pusher = np.column_stack([np.arange(n) * 0.005 - 0.2, np.zeros(n)])
-    contact = params.triage.pusher_radius_m + 0.060 / 2
+    contact = params.cell.pusher_radius_m + 0.060 / 2
     rng = np.random.default_rng(3)
     part = pusher + np.array([contact + offset, 0.0]) + rng.normal(0, 0.001, (n, 2))
     s = _signals_of(_tables("e-1", part, pusher, velocity / 0.30, velocity), params)

@@ -8,6 +8,10 @@ Features, each with a measure suited to it (`FEATURES`):
 - estimated action latency, per episode: the lag that best cross-correlates the commanded
   velocity with the measured joint velocity, a small integer: JS over the lag distribution;
 - joint tracking error, per step: |action·max_speed − measured velocity one step later|: KS, PSI;
+- contact offset, per pushing step, x and y: where the camera puts the part's centre relative
+  to the circle on which it must sit while the pusher pushes it (pusher radius + half the
+  part's measured extent). The pusher's joint sensors have no bias, so a knocked camera moves
+  these offsets by its bias along the push, whatever else the policy does: KS;
 - cycle time, per episode: KS;
 - failure mode, per episode (`none` on success): JS over the categories.
 """
@@ -28,11 +32,14 @@ PERCEPTION_CONFIDENCE = "perception_confidence"
 POSE_JITTER = "pose_jitter_m"
 ACTION_LATENCY = "action_latency_steps"
 TRACKING_ERROR = "joint_tracking_error_mps"
+CONTACT_OFFSET_X = "contact_offset_x_m"
+CONTACT_OFFSET_Y = "contact_offset_y_m"
 CYCLE_TIME = "cycle_time_s"
 FAILURE_MODE = "failure_mode"
 NO_FAILURE = "none"  # the failure-mode category of a successful episode
 MIN_LATENCY_PAIRS = 10  # command/velocity pairs an episode needs for a latency estimate
 MIN_COMMAND_VARIANCE = 1e-8  # (m/s)^2: a constant command says nothing about latency
+MIN_PUSH_SPEED_MPS = 0.05  # a pushing step: the pusher moves towards the part at least this fast
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,17 @@ FEATURES = (
         False,
         (KS, PSI),
         "|action * max_speed - measured joint velocity at the next step| (m/s)",
+    ),
+    *(
+        Feature(
+            name,
+            "step",
+            False,
+            (KS,),
+            f"perceived part centre minus its contact circle around the pusher, along {axis} (m), "
+            "while pushing",
+        )
+        for name, axis in ((CONTACT_OFFSET_X, "x"), (CONTACT_OFFSET_Y, "y"))
     ),
     Feature(CYCLE_TIME, "episode", False, (KS,), "episode cycle time (s)"),
     Feature(
@@ -105,11 +123,15 @@ def extract_features(
     action = _matrix(steps.column("action"), 2) * cell.max_speed_mps
     velocity = _matrix(steps.column("joint_velocity"), 2)
     confidence = steps.column("part_confidence").to_numpy().astype(np.float64)
+    half_extent = _half_extents(episodes, episode_ids)[codes]
+    offset_x, offset_y = _contact_offsets(steps, codes, half_extent, cell, params)
     return {
         PERCEPTION_CONFIDENCE: Samples(confidence, len(np.unique(codes))),
         POSE_JITTER: _pose_jitter(episodes, steps, codes, step_index, episode_ids, params),
         ACTION_LATENCY: _action_latency(codes, step_index, action, velocity, params),
         TRACKING_ERROR: _tracking_error(codes, step_index, action, velocity),
+        CONTACT_OFFSET_X: offset_x,
+        CONTACT_OFFSET_Y: offset_y,
         CYCLE_TIME: Samples(
             episodes.column("cycle_time_s").to_numpy().astype(np.float64), episodes.num_rows
         ),
@@ -157,14 +179,7 @@ def _pose_jitter(
 ) -> Samples:
     # Clear of the part: the pusher is at least jitter_clearance_m outside the part's footprint
     # (half its larger measured extent) at both steps, so the part was not being pushed.
-    extents = dict(
-        zip(
-            episodes.column("episode_id").to_pylist(),
-            episodes.column("part_extent_m").to_pylist(),
-            strict=True,
-        )
-    )
-    half_extent = np.array([max(extents.get(e) or [0.0]) / 2 for e in episode_ids], float)
+    half_extent = _half_extents(episodes, episode_ids, np.max)
     part = _matrix(steps.column("part_pose"), 3)[:, :2]
     pusher = _matrix(steps.column("joint_position"), 2)
     gap = np.linalg.norm(pusher - part, axis=1) - half_extent[codes]
@@ -173,6 +188,43 @@ def _pose_jitter(
     pairs &= clear[1:] & clear[:-1]
     jitter = np.linalg.norm(np.diff(part, axis=0), axis=1)[pairs]
     return Samples(jitter, len(np.unique(codes[1:][pairs])))
+
+
+def _half_extents(episodes: pa.Table, episode_ids: list[str], reduce=np.mean) -> np.ndarray:
+    """Half the part's measured extent per episode, in `episode_ids` order (0: not measured)."""
+    extents = dict(
+        zip(
+            episodes.column("episode_id").to_pylist(),
+            episodes.column("part_extent_m").to_pylist(),
+            strict=True,
+        )
+    )
+    return np.array([reduce(extents.get(e) or [0.0]) / 2 for e in episode_ids], float)
+
+
+def _contact_offsets(
+    steps: pa.Table,
+    codes: np.ndarray,
+    half_extent: np.ndarray,
+    cell: CellParams,
+    params: DriftParams,
+) -> tuple[Samples, Samples]:
+    """Per pushing step, the perceived part centre's offset (x, y) from the point on its contact
+    circle nearest to it. A pushing step: the perceived centre within drift.contact_band_m of
+    the circle and the pusher moving towards it; the band is wider than any bias we expect, so
+    a knocked camera's steps stay in it, offset by the bias along the push."""
+    part = _matrix(steps.column("part_pose"), 3)[:, :2]
+    pusher = _matrix(steps.column("joint_position"), 2)
+    velocity = _matrix(steps.column("joint_velocity"), 2)
+    offset = part - pusher
+    distance = np.maximum(np.linalg.norm(offset, axis=1), 1e-9)
+    towards = (velocity * offset).sum(axis=1) / distance
+    contact = cell.pusher_radius_m + half_extent
+    pushing = (half_extent > 0) & (np.abs(distance - contact) < params.contact_band_m)
+    pushing &= towards > MIN_PUSH_SPEED_MPS
+    residual = offset - (contact / distance)[:, None] * offset
+    episodes = len(np.unique(codes[pushing]))
+    return Samples(residual[pushing, 0], episodes), Samples(residual[pushing, 1], episodes)
 
 
 def _tracking_error(

@@ -138,7 +138,7 @@ def _signals(
     part_extent = float(np.mean(extent)) if extent else float("nan")
     pusher, part = w["joint_position"], w["part_pose"][:, :2]
     target = np.asarray(row["target"], dtype=np.float64)
-    contact = params.pusher_radius_m + (part_extent if extent else params.nominal_part_extent_m) / 2
+    contact = cell.pusher_radius_m + (part_extent if extent else params.nominal_part_extent_m) / 2
     latency, tracking = _latency(w["action"] * cell.max_speed_mps, w["joint_velocity"], params)
     return Signals(
         episode_id=row["episode_id"],
