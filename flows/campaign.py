@@ -209,9 +209,9 @@ def run_campaign(campaign: Campaign, progress: bool = True) -> dict:
             for day in range(campaign.days):
                 update("campaign days", day, campaign.days)
                 _wait_for_day(campaign, ledger, day)
+                _one_day(campaign, ledger, cache, day)
                 if day == 0:
                     calibration = _start_calibrated_once(campaign, ledger)
-                _one_day(campaign, ledger, cache, day)
                 # So far, for whoever watches a long campaign (the final document replaces it).
                 _write_json(
                     campaign.root / "campaign.json",
@@ -442,11 +442,15 @@ def _evaluate(campaign: Campaign, cache: EvalCache, cell: str, day: int, product
 
 
 def _start_calibrated_once(campaign: Campaign, ledger: DayLedger) -> threading.Thread:
-    """Per cell: calibrate the sim from the first day's shift (here: it reads the ledger),
-    then, in the background one cell after another, pretrain in that sim (`realloop cell
+    """Per cell: the policy the loop's first cycle pretrained in the sim it calibrated from
+    the first day's shift, copied and frozen (the same data and settings as below would give
+    the same policy); or, where the loop built none, calibrate the sim from the first day's
+    shift here and, in the background one cell after another, pretrain in it (`realloop cell
     pretrain --calibration`, a process of its own). Never again after."""
     calibrations = {}
     for cell in campaign.cells:
+        if _adopt_loop_calibration(campaign, cell):
+            continue
         try:
             calibrations[cell] = _calibrate(campaign, cell, ledger.tables(cell, 0))
         except (ValueError, OSError) as exc:  # what one shift cannot support: said, not fatal
@@ -456,6 +460,23 @@ def _start_calibrated_once(campaign: Campaign, ledger: DayLedger) -> threading.T
     )
     thread.start()
     return thread
+
+
+def _adopt_loop_calibration(campaign: Campaign, cell: str) -> bool:
+    """The loop's first calibrated policy for `cell` as its calibrated-once policy, if the
+    first cycle made one."""
+    from pipelines.calibrate.cache import current_calibration
+    from pipelines.training.calibrated import cell_folder
+
+    first = current_calibration(cell_folder(campaign.root, cell))
+    if first is None or not first.pretrained:
+        return False
+    out = campaign.root / "models" / "calibrated-once" / cell
+    shutil.copytree(first.policy, out)
+    (campaign.root / "calibrations").mkdir(exist_ok=True)
+    shutil.copy2(first.path, campaign.root / "calibrations" / f"{cell}.yaml")
+    campaign.calibrated[cell] = str(out)
+    return True
 
 
 def _pretrain_all(campaign: Campaign, calibrations: dict[str, Path]) -> None:

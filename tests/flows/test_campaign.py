@@ -155,6 +155,29 @@ def small_campaign_params(folder: Path) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
+def test_the_calibrated_once_policy_is_the_loops_first_calibrated_policy(tmp_path):
+    from flows.campaign import Campaign, _adopt_loop_calibration
+    from pipelines.training.calibrated import cell_folder
+
+    campaign = Campaign(tmp_path, tmp_path / "params.yaml", None, ["cell-07", "cell-08"], 3, 0)
+    first = cell_folder(tmp_path, "cell-07") / "0123abcd"
+    fake_policy(first / "policy", b"weights of the first calibrated policy")
+    (first / "policy" / "config.json").write_text("{}")
+    (first / "sim-calibration.yaml").write_text("world: {}\n")
+    (first.parent / "current.json").write_text(json.dumps({"hash": "0123abcd"}))
+
+    assert _adopt_loop_calibration(campaign, "cell-07")
+    frozen = Path(campaign.calibrated["cell-07"])
+    assert frozen == tmp_path / "models" / "calibrated-once" / "cell-07"
+    assert (frozen / "model.safetensors").read_bytes() == b"weights of the first calibrated policy"
+    # A later recalibration of the loop's does not reach the frozen copy.
+    (first / "policy" / "model.safetensors").write_bytes(b"retrained")
+    assert (frozen / "model.safetensors").read_bytes() != b"retrained"
+    # A cell whose first cycle built no calibrated policy: the campaign pretrains one itself.
+    assert not _adopt_loop_calibration(campaign, "cell-08")
+    assert "cell-08" not in campaign.calibrated
+
+
 def test_one_cell_for_three_days(tmp_path):
     workspace = tmp_path / "campaign"
     command = [
