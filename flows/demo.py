@@ -140,8 +140,13 @@ def _write_demo_params(params_path: Path, fleet: Fleet) -> Path:
 
 
 def _realloop(*args: str, quiet: bool = True) -> subprocess.CompletedProcess:
+    """Runs a realloop command. Not quiet: its progress and its summary go to our stderr,
+    since our stdout may be a --json document that its summary line would corrupt."""
     command = [sys.executable, "-m", "flows.cli", *args]
-    done = subprocess.run(command, capture_output=quiet, text=True, check=False)
+    if quiet:
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+    else:
+        done = subprocess.run(command, stdout=2, text=True, check=False)  # fd 2: our stderr
     if done.returncode != 0:
         reason = (done.stderr or "").strip().splitlines()[-1:] or ["no output"]
         raise CommandError(f"`realloop {' '.join(args[:2])}` failed: {reason[0]}")

@@ -18,3 +18,20 @@ def test_the_demo_params_load_and_keep_every_section_of_the_projects(tmp_path, m
     assert demo.trials.max_episodes == project.demo.trial_episodes
     assert demo.train.threads == 1
     assert demo.promote.keys == project.promote.keys  # signing stays on
+
+
+def test_a_loud_subcommand_keeps_the_callers_stdout_for_its_json():
+    """`demo` and `campaign --json` run `cell pretrain` loudly: its summary line goes to their
+    stderr, or it would open their --json document (as it did in a clone without a sim policy)."""
+    import subprocess
+    import sys
+
+    script = (
+        "from flows.demo import _realloop; "
+        "_realloop('cell', 'timeline', '--world', 'cell-07', quiet=False)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert done.stdout == ""
+    assert "camera knocked" in done.stderr
