@@ -281,12 +281,12 @@ def _wait_for_epochs(campaign: Campaign, timeout_s: float = 120.0) -> dict[str, 
 
 def _wait_for_day(campaign: Campaign, ledger: DayLedger, day: int) -> None:
     """Until every cell's production shifts of `day` are ingested (ingest when the landing
-    zone changed)."""
+    zone changed). Trials take a share of a shift's episodes: a shift is whole by all of
+    them, not by its production episodes."""
     from edge.channels import open_channel
     from flows.ingest import ingest_flow
 
     settings = campaign.settings
-    expected = settings.episodes_per_shift * settings.shifts_per_day
     landing = open_channel(str(campaign.root / campaign.params.ingest.landing))
     deadline = time.monotonic() + campaign.day_wall_s + settings.day_timeout_s
     seen: list[str] = []
@@ -295,7 +295,7 @@ def _wait_for_day(campaign: Campaign, ledger: DayLedger, day: int) -> None:
         waiting = [
             c
             for c in campaign.cells
-            if ledger.count(c, day) < expected and not ledger.missed(c, day)
+            if not ledger.day_done(c, day, settings.episodes_per_shift, settings.shifts_per_day)
         ]
         if not waiting:
             return
@@ -347,17 +347,18 @@ def _store(campaign: Campaign) -> Path:
 
 def _day_row(campaign: Campaign, ledger: DayLedger, cell: str, day: int) -> dict:
     """What the day's shift says: events applied, drift, and why the loop is due (or not)."""
-    from flows.campaign_days import day_drift
+    from flows.campaign_days import day_drift, part_mix_rise
 
     timeline = campaign.timelines[cell]
     applied = events_on_day(timeline, day)
     drift = day_drift(ledger, cell, day)
-    ood = _ood_episodes(ledger, cell, day)
+    captures = campaign.root / campaign.params.ingest.landing / "captures"
+    parts = part_mix_rise(ledger, cell, day, captures)
     reasons = []
     if drift is not None and drift["detected"]:
         reasons.append(f"drift: {', '.join(drift['drifted_features'])}")
-    if ood >= campaign.settings.min_ood_episodes:
-        reasons.append(f"{ood} episodes with an ood capture")
+    if parts is not None and parts["detected"]:
+        reasons.append(f"new parts: {parts['now']} non-standard, {parts['before']} the day before")
     last = campaign.last_cycle.get(cell)
     if not reasons and (last is None or day - last >= campaign.settings.floor_days):
         reasons.append("floor: no cycle yet" if last is None else f"floor: last cycle day {last}")
@@ -369,7 +370,8 @@ def _day_row(campaign: Campaign, ledger: DayLedger, cell: str, day: int) -> dict
         "line_success": ledger.success(cell, day),
         "drift_detected": None if drift is None else drift["detected"],
         "drift": drift,
-        "ood_episodes": ood,
+        "part_mix": parts,
+        "ood_episodes": _ood_episodes(ledger, cell, day),  # recorded, not a trigger (params.yaml)
         "trigger": reasons,
         # Where the cell's line is as the campaign takes the day up: a loop slower than a day
         # lets the line run ahead, and its trials then meet a later day's line.

@@ -14,6 +14,7 @@ shift after it, and a loop that retrained on the old line does not keep re-trigg
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,6 +66,10 @@ class DayLedger:
     epochs: dict[str, int]
     known: set[str] = field(default_factory=set)
     shifts: dict[tuple[str, int], list[Tables]] = field(default_factory=dict)
+    # Every episode, trials included, per (cell, day, shift start): a shift is whole when it
+    # holds a shift's worth, whatever share of it the loop's trials took.
+    recorded: Counter = field(default_factory=Counter)
+    production_shifts: set[tuple[str, int, int]] = field(default_factory=set)
 
     def refresh(self) -> int:
         """Read the batches the dataset gained since the last look; how many."""
@@ -81,6 +86,7 @@ class DayLedger:
         return len(new)
 
     def _add(self, episodes: pa.Table, steps: pa.Table) -> None:
+        self._count_recorded(episodes)
         production = episodes.filter(pc.is_null(episodes["trial_request_id"]))
         starts = shift_starts_ns(production["episode_id"].to_pylist())
         cells = np.asarray(production["cell_id"].to_pylist())
@@ -91,13 +97,34 @@ class DayLedger:
                 day_steps = steps.filter(pc.is_in(steps["episode_id"], rows["episode_id"]))
                 self.shifts.setdefault((cell, int(day)), []).append((rows, day_steps))
 
+    def _count_recorded(self, episodes: pa.Table) -> None:
+        starts = shift_starts_ns(episodes["episode_id"].to_pylist()).tolist()
+        cells = episodes["cell_id"].to_pylist()
+        production = pc.is_null(episodes["trial_request_id"]).to_pylist()
+        for cell, start, is_production in zip(cells, starts, production, strict=True):
+            if cell not in self.epochs:
+                continue
+            key = (cell, int((start - self.epochs[cell]) // DAY_NS), start)
+            self.recorded[key] += 1
+            if is_production:
+                self.production_shifts.add(key)
+
+    def day_done(self, cell: str, day: int, episodes_per_shift: int, shifts_per_day: int) -> bool:
+        """Every production shift of the cell's `day` has landed: as many whole shifts (trial
+        episodes count, they took production's place) as the day schedules, or the cell has
+        moved on to a later day (shifts run one after another; a day it was kept busy past
+        has none)."""
+        if any(d > day for d in self.days_with_shifts(cell)):
+            return True
+        whole = [
+            key
+            for key in self.production_shifts
+            if key[:2] == (cell, day) and self.recorded[key] >= episodes_per_shift
+        ]
+        return len(whole) >= shifts_per_day
+
     def days_with_shifts(self, cell: str) -> list[int]:
         return sorted(day for name, day in self.shifts if name == cell)
-
-    def missed(self, cell: str, day: int) -> bool:
-        """The cell recorded a later day's shift but none on `day` (kept busy past its start)."""
-        later = any(d > day for d in self.days_with_shifts(cell))
-        return later and not self.count(cell, day)
 
     def count(self, cell: str, day: int) -> int:
         return sum(rows.num_rows for rows, _ in self.shifts.get((cell, day), []))
@@ -137,4 +164,33 @@ def day_drift(ledger: DayLedger, cell: str, day: int) -> dict | None:
         "edge_case_reasons": result.new_edge_case_reasons,
         "reasons": result.reasons,
         "against_day": before[-1],
+    }
+
+
+def part_mix_rise(ledger: DayLedger, cell: str, day: int, captures_dir: Path | None) -> dict | None:
+    """A new part variant on the line: the share of the day's episodes whose part is not the
+    cell's standard one (pipelines.quality.triage.selection, from the captures' snapshots and
+    the logged extent) against the latest shift before it, by a one-sided Fisher exact test.
+    None without both shifts. `detected` below `campaign.part_mix_p_value`."""
+    from scipy.stats import fisher_exact
+
+    from pipelines.quality.triage.selection import novel_part_ids
+
+    before = [d for d in ledger.days_with_shifts(cell) if d < day]
+    if not before or not ledger.count(cell, day):
+        return None
+    counts = []
+    for shift_day in (before[-1], day):
+        episodes, steps = ledger.tables(cell, shift_day)
+        novel = novel_part_ids(episodes, steps, captures_dir, ledger.params.triage)
+        counts.append((len(novel), episodes.num_rows))
+    (was, was_of), (now, now_of) = counts
+    table = [[now, now_of - now], [was, was_of - was]]
+    p_value = float(fisher_exact(table, alternative="greater").pvalue)
+    return {
+        "against_day": before[-1],
+        "before": f"{was}/{was_of}",
+        "now": f"{now}/{now_of}",
+        "p_value": p_value,
+        "detected": p_value < ledger.params.campaign.part_mix_p_value,
     }

@@ -350,7 +350,8 @@ class CampaignParams:  # `realloop campaign`: the fleet over simulated days (doc
     shifts_per_day: PositiveInt  # production shifts start at fixed times of the line's day
     speed: PositiveFloat  # cell seconds per wall second: a day is 86,400 / speed wall seconds
     floor_days: PositiveInt  # the loop runs at least every this many days (the cron's floor)
-    min_ood_episodes: PositiveInt  # a shift with this many `ood`-captured episodes triggers it
+    # a rise in the share of non-standard parts from the shift before, below this p, triggers it
+    part_mix_p_value: Annotated[float, Field(gt=0, lt=1)]
     eval_episodes: PositiveInt  # per held-out seed
     eval_seeds: Annotated[tuple[int, ...], Field(min_length=1)]  # never used by the loop
     trial_episodes: PositiveInt  # per arm
