@@ -1,7 +1,8 @@
 """Several candidates per cell each cycle, and the pre-screen that sends only the best to trials.
 
     per cell (one at a time: the cells share the CPU):
-      split its batches by shift (the newest held out of fine-tuning, for the pre-screen)
+      split its batches by shift (the newest held out of fine-tuning, for the pre-screen; the
+        `loop.train_shifts` before them trained on)
       → incumbent_finetune: its production model fine-tuned (the finetune@<cell> DVC stage)
       → calibrate from its training shifts (once calibrate.min_episodes exist) → the policy
         pretrained in that sim, cached by the calibration's hash → calibrated: registered as is;
@@ -36,10 +37,12 @@ INCUMBENT_FINETUNE, CALIBRATED, CALIBRATED_FINETUNE = (
 
 @task(name="split-by-shift", task_run_name="split {cell_id} by shift", **THIN)
 def split_cell(params: Params, workspace: Path, cell_id: str, batches: list[str]) -> dict:
-    from pipelines.release.prescreen import batch_shifts, split_by_shift
+    from pipelines.release.prescreen import batch_shifts, split_by_shift, window
 
-    shifts = batch_shifts(workspace / params.ingest.dataset, batches)
-    split = split_by_shift(shifts, params.loop.heldout_shifts)
+    dataset = workspace / params.ingest.dataset
+    split = split_by_shift(batch_shifts(dataset, batches), params.loop.heldout_shifts)
+    recorded = batch_shifts(dataset, split.train, trials=True)
+    split = window(split, recorded, params.loop.train_shifts)
     return split.as_dict() | {"train": split.train, "heldout": split.heldout}
 
 

@@ -310,6 +310,7 @@ class LoopParams:
     # cell's newest shifts; that policy fine-tuned on the cell's data.
     candidates: Annotated[tuple[CandidateName, ...], Field(min_length=1)]
     heldout_shifts: NonNegativeInt  # newest shifts per cell kept out of fine-tuning: pre-screen
+    train_shifts: PositiveInt | None  # ...and the newest this many before them fine-tuned on
     recalibrate_sigmas: PositiveFloat  # re-pretrain only if an estimate moved more (std errors)
     # The loop's pretrain (the `pretrain:` section stays `realloop cell pretrain`'s): cheaper,
     # since it runs inside a cycle; episodes, rounds and epochs as in `pretrain:`.

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -60,6 +60,7 @@ class ShiftSplit:
     heldout_shifts: list[str]
     train_shifts: list[str]
     reason: str | None = None  # why nothing is held out
+    older_shifts: int = 0  # training shifts before the window (`window`): not read
 
     def as_dict(self) -> dict:
         return {
@@ -67,6 +68,7 @@ class ShiftSplit:
             "heldout_batches": len(self.heldout),
             "heldout_shifts": self.heldout_shifts,
             "train_shifts": self.train_shifts,
+            "older_shifts": self.older_shifts,
             "reason": self.reason,
         }
 
@@ -78,10 +80,13 @@ def shift_of(episode_id: str) -> str:
     return shift_position(episode_id)[0]
 
 
-def batch_shifts(dataset: Path, batches: Sequence[str]) -> dict[str, set[str]]:
+def batch_shifts(
+    dataset: Path, batches: Sequence[str], trials: bool = False
+) -> dict[str, set[str]]:
     """batch -> the shifts of its production episodes, from the episodes files' id columns
     alone. Trial episodes do not count (a log of trials alone has none): they are the arms'
-    own actions, run on request, not the line's shift."""
+    own actions, run on request, not the line's shift. `trials`: count them too (the shift
+    each ran during), to tell when a log of trials was recorded."""
     import pyarrow.parquet as pq
 
     shifts = {}
@@ -89,7 +94,7 @@ def batch_shifts(dataset: Path, batches: Sequence[str]) -> dict[str, set[str]]:
         path = Path(dataset) / "episodes" / f"{sha}.parquet"
         rows = pq.read_table(path, columns=["episode_id", "trial_request_id"]).to_pydict()
         pairs = zip(rows["episode_id"], rows["trial_request_id"], strict=True)
-        shifts[sha] = {shift_of(i) for i, trial in pairs if trial is None}
+        shifts[sha] = {shift_of(i) for i, trial in pairs if trials or trial is None}
     return shifts
 
 
@@ -109,6 +114,19 @@ def split_by_shift(shifts: Mapping[str, set[str]], heldout_shifts: int) -> Shift
     train = [b for b in batches if not shifts[b] & held]
     train_shifts = sorted(set().union(*(shifts[b] for b in train))) if train else []
     return ShiftSplit(train, heldout, sorted(held), train_shifts)
+
+
+def window(split: ShiftSplit, recorded: Mapping[str, set[str]], newest: int | None) -> ShiftSplit:
+    """Fine-tuning reads the newest `newest` training shifts only (None: all), with every log
+    recorded since the oldest of them (`recorded`: batch -> the shifts of all its episodes,
+    trials included). A line that changed is taught by what it is now, not by weeks of what it
+    was, and a cycle's fine-tunes cost the same on day 14 as on day 3."""
+    if newest is None or len(split.train_shifts) <= newest:
+        return split
+    kept = split.train_shifts[-newest:]
+    train = [b for b in split.train if max(recorded[b], default="") >= kept[0]]
+    older = len(split.train_shifts) - newest
+    return replace(split, train=train, train_shifts=kept, older_shifts=older)
 
 
 def heldout_steps(episodes, steps, shifts: Sequence[str], intervention_weight: float):

@@ -22,6 +22,7 @@ from pipelines.release.prescreen import (
     rank,
     score,
     split_by_shift,
+    window,
 )
 
 # --- the split: by shift, never by step ---------------------------------------------------
@@ -75,6 +76,25 @@ def test_a_single_shift_is_all_trained_on_and_says_why():
     split = split_by_shift({"b1": {"20261201T060000Z"}, "b2": {"20261201T060000Z"}}, 1)
     assert split.train == ["b1", "b2"] and split.heldout == [] and "1 shift" in split.reason
     assert split_by_shift({"b1": {"s1"}, "b2": {"s2"}}, 0).heldout == []
+
+
+def test_the_window_trains_on_the_newest_shifts_and_the_trials_run_since():
+    production = {
+        "d1": {"20261201T060000Z"},
+        "d2": {"20261202T060000Z"},
+        "trials-d1": set(),  # trial logs: no production shift of their own
+        "d3": {"20261203T060000Z"},
+        "trials-d3": set(),
+        "d4": {"20261204T060000Z"},
+    }
+    recorded = production | {"trials-d1": {"20261201T060000Z"}, "trials-d3": {"20261203T060000Z"}}
+    split = window(split_by_shift(production, 1), recorded, 2)
+    assert split.heldout == ["d4"] and split.older_shifts == 1
+    assert split.train_shifts == ["20261202T060000Z", "20261203T060000Z"]
+    assert split.train == ["d2", "d3", "trials-d3"]  # trials-d1 ran before the window opened
+
+    every = split_by_shift(production, 1)
+    assert window(every, recorded, None) == every == window(every, recorded, 3)
 
 
 # --- the score ranks a bad candidate last --------------------------------------------------
