@@ -2,9 +2,11 @@
 day (`--day`: its timeline's events up to then), on seeds the loop never uses, each at its own
 start offset in the shift; mean and range over the seeds.
 
-Results are cached by (policy sha256, events applied, seeds, episodes per seed): the reference
-cell is deterministic given those, so the same policy on the same line state with the same seeds
-gives the same figure, and a frozen policy on a line that did not change is evaluated once.
+Results are cached by (line, policy sha256, events applied, seeds, episodes per seed): the
+reference cell is deterministic given those, so the same policy on the same line state with the
+same seeds gives the same figure, and a frozen policy on a line that did not change is
+evaluated once. The line is part of the key: cells share the sim policy, the expert and event
+names (every line's camera is "knocked"), not their friction, latency or light.
 """
 
 from __future__ import annotations
@@ -43,14 +45,14 @@ class EvalCache:
         )
         self.hits = self.misses = 0
 
-    def key(self, policy_sha: str, events: list[str]) -> str:
-        what = [policy_sha, list(events), list(self.seeds), self.episodes]
+    def key(self, world: str, policy_sha: str, events: list[str]) -> str:
+        what = [world, policy_sha, list(events), list(self.seeds), self.episodes]
         return hashlib.sha256(json.dumps(what).encode()).hexdigest()
 
     def evaluate(self, policy: str, world: str, day: int, events: list[str]) -> dict:
         """`policy` (a folder or `expert`) on `world` as on `day`; `events`: those applied by
         then (the cache key's line state)."""
-        key = self.key(policy_id(policy), events)
+        key = self.key(world, policy_id(policy), events)
         if key in self.entries:
             self.hits += 1
             return {**self.entries[key], "cached": True}

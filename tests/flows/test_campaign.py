@@ -41,11 +41,11 @@ def fake_policy(folder: Path, weights: bytes) -> str:
     return str(folder)
 
 
-def test_the_eval_cache_keys_on_weights_line_state_and_seeds(tmp_path, monkeypatch):
+def test_the_eval_cache_keys_on_line_weights_line_state_and_seeds(tmp_path, monkeypatch):
     runs = []
 
     def cell_eval(_params, policy, world, day, episodes, seeds):
-        runs.append((policy, day))
+        runs.append((policy, day) if world == "cell-07" else (policy, world, day))
         return {
             "events": events_on_day(TIMELINE, day),
             "success_rate": 0.9, "success_min": 0.85, "success_max": 0.95,
@@ -61,8 +61,10 @@ def test_the_eval_cache_keys_on_weights_line_state_and_seeds(tmp_path, monkeypat
     assert cache.evaluate(same, "cell-07", 2, [])["cached"]  # same weights elsewhere: same figure
     cache.evaluate(a, "cell-07", 3, events_on_day(TIMELINE, 3))  # the camera moved: evaluated
     assert runs == [(a, 0), (a, 3)] and (cache.hits, cache.misses) == (3, 2)
+    assert not cache.evaluate(a, "cell-08", 0, [])["cached"]  # another line: its own figure
+    assert runs[-1] == (a, "cell-08", 0)
     other_seeds = EvalCache(tmp_path / "cache.json", tmp_path / "params.yaml", 10, (4, 5, 6))
-    assert other_seeds.key("sha", []) != cache.key("sha", [])
+    assert other_seeds.key("cell-07", "sha", []) != cache.key("cell-07", "sha", [])
     reloaded = EvalCache(tmp_path / "cache.json", tmp_path / "params.yaml", 10, (1, 2, 3))
     assert reloaded.evaluate(a, "cell-07", 1, [])["cached"]  # kept on disk across runs
 
