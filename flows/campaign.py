@@ -535,6 +535,7 @@ def _fill_calibrated_once(campaign: Campaign, cache: EvalCache) -> None:
 
 def _document(campaign: Campaign, cache: EvalCache) -> dict:
     from flows.campaign_report import compute_targets, log_to_mlflow, plot_campaign
+    from flows.cycle import prescreen_record
 
     cells = {}
     for cell, record in campaign.records.items():
@@ -554,6 +555,9 @@ def _document(campaign: Campaign, cache: EvalCache) -> dict:
         "workspace": str(campaign.root),
         "cells": cells,
         "targets": compute_targets(cells, campaign.params.gate.margin),
+        # Over every cycle of the campaign: did the trialled candidate's pre-screen score
+        # rank the trials' success rates (Spearman)?
+        "prescreen_correlation": prescreen_record(campaign.root, {}),
         "eval_cache": {"hits": cache.hits, "misses": cache.misses, "file": str(cache.path)},
         "files": {"json": str(json_path), "png": str(png_path)},
     }

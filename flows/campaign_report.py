@@ -239,6 +239,7 @@ def print_campaign(document: dict) -> None:
     from rich.table import Table
 
     from flows.console import stdout
+    from flows.cycle import prescreen_lines
 
     for name, cell in document["cells"].items():
         table = Table(title=f"{name}: held-out success by day (mean over seeds)")
@@ -258,6 +259,8 @@ def print_campaign(document: dict) -> None:
     for target, verdict in document["targets"].items():
         met = {True: "met", False: "NOT met", None: "no case"}[verdict["met"]]
         stdout.print(f"target {target}: {met} (value {verdict['value']})", highlight=False)
+    for line in prescreen_lines(document.get("prescreen_correlation")):
+        stdout.print(line, highlight=False)
     stdout.print(f"campaign.json: {document['files']['json']}", soft_wrap=True, highlight=False)
     stdout.print(f"campaign.png: {document['files']['png']}", soft_wrap=True, highlight=False)
     stdout.print(f"wall time: {document['wall_s'] / 60:.1f} min", highlight=False)
@@ -297,6 +300,9 @@ def log_to_mlflow(workspace: Path, document: dict, files: list[Path]) -> str:
             for target, v in document["targets"].items()
             if isinstance(v["value"], int | float)
         ]
+        rho = (document.get("prescreen_correlation") or {}).get("rho")
+        if rho is not None:
+            metrics.append(Metric("prescreen_spearman_rho", rho, now, 0))
         params = [Param(key, json.dumps(value)) for key, value in settings.items()]
         client.log_batch(run_id, params=params)
         for start in range(0, len(metrics), 900):  # MLflow takes at most 1,000 per batch

@@ -206,6 +206,7 @@ def test_one_cell_for_three_days(tmp_path):
     assert cell["events"][0] == {"day": 3.0, "name": "camera knocked 15 mm along +x"}
     assert all(not row["new_events"] for row in cell["days"])  # day 3 is after the run
     assert set(document["targets"]) >= {"first_cycle_at_least_90", "recovery_within_2_cycles"}
+    assert {"rho", "p_value", "n", "reason"} <= set(document["prescreen_correlation"])
     assert document["mlflow_run_id"]
     again = realloop(
         "cell", "eval", "--policy", cell["final_policy"], "--world", "cell-07",
