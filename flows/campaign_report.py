@@ -92,17 +92,23 @@ def _day(cell: dict, number: int) -> dict | None:
 
 
 def _drift_after_events(cells: dict) -> dict:
+    """Per event: did the first shift after it show the change? Either signal counts, and
+    `by` says which: the drift measures, or the part mix (a new part variant is a shift in
+    the distribution of parts, which the per-step features of a fine-tuned policy barely see)."""
     cases = []
     for name, cell in cells.items():
         for _, event, first in _events_in(cell):
             day = _day(cell, first) or {}
+            by = [
+                signal
+                for signal, seen in (
+                    ("drift", day.get("drift_detected")),
+                    ("part mix", (day.get("part_mix") or {}).get("detected")),
+                )
+                if seen
+            ]
             cases.append(
-                {
-                    "cell": name,
-                    "event": event,
-                    "day": first,
-                    "detected": bool(day.get("drift_detected")),
-                }
+                {"cell": name, "event": event, "day": first, "detected": bool(by), "by": by}
             )
     return _share(cases, "detected")
 

@@ -125,6 +125,10 @@ def test_targets_say_when_they_are_missed():
     assert targets["no_promotion_worse_than_replaced"]["value"] == pytest.approx(-0.05)
     assert targets["no_promotion_worse_than_replaced"]["met"] is False
     assert targets["baselines_fall_behind_after_events"]["met"] is False  # they did not fall
+    part_mix = day(3, 0.60, drift=False) | {"part_mix": {"detected": True}}
+    seen = compute_targets({"cell-07": campaign_cell([day(0, 0.9), part_mix])}, margin=0.02)
+    case = seen["drift_detected_on_first_shift_after_event"]["cases"][0]
+    assert case["detected"] and case["by"] == ["part mix"]  # a new part: the part mix saw it
     quiet = compute_targets({"cell-07": campaign_cell([day(0, 0.9)])}, margin=0.02)
     assert quiet["no_promotion_worse_than_replaced"]["met"] is None  # no case, not a pass
 
