@@ -41,6 +41,7 @@ from flows.campaign_eval import (
     CACHE_FILE,
     EXPERT,
     EvalCache,
+    EvalJob,
     cell_timeline,
     events_on_day,
     snapshot_production,
@@ -199,6 +200,7 @@ def run_campaign(campaign: Campaign, progress: bool = True) -> dict:
         campaign.params_path,
         campaign.settings.eval_episodes,
         campaign.settings.eval_seeds,
+        campaign.settings.eval_workers,
     )
     from flows.campaign_days import DayLedger
 
@@ -320,6 +322,7 @@ def _one_day(campaign: Campaign, ledger: DayLedger, cache: EvalCache, day: int) 
             row = rows[summary_row["cell"]]
             row["loop"] = {"ran": True, **summary_row}
             campaign.last_cycle[summary_row["cell"]] = day
+    jobs: dict[tuple[str, str], EvalJob] = {}  # (cell, what) → its evaluation
     for cell, row in rows.items():
         row.setdefault("loop", {"ran": False})
         promoted = row["loop"].get("promoted_version")
@@ -327,14 +330,26 @@ def _one_day(campaign: Campaign, ledger: DayLedger, cache: EvalCache, day: int) 
             _wait_for_activation(campaign.box(cell), promoted)
         folder, active = snapshot_production(campaign.box(cell), _store(campaign))
         row["production_model"] = {"policy": str(folder), "model_version": active["model_version"]}
-        row["policies"] = _evaluate(campaign, cache, cell, day, str(folder))
         row["promoted"] = promoted is not None
-        if promoted is not None:
-            replaced = str(before[cell][0])
-            was = cache.evaluate(replaced, cell, day, row["events_applied"])
+        policies = _policies(campaign, cell, str(folder))
+        if row["promoted"]:
+            policies["replaced"] = str(before[cell][0])
+        events = tuple(events_on_day(campaign.timelines[cell], day))
+        row["policies"] = {name: None for name, policy in policies.items() if policy is None}
+        jobs |= {
+            (cell, name): EvalJob(policy, cell, day, events)
+            for name, policy in policies.items()
+            if policy is not None
+        }
+    # Every cell's figures of the day at once, `campaign.eval_workers` at a time.
+    for (cell, name), figures in zip(jobs, cache.evaluate_many(list(jobs.values())), strict=True):
+        rows[cell]["policies"][name] = figures
+    for cell, row in rows.items():
+        if row["promoted"]:
+            was = row["policies"].pop("replaced")
             row["promotion"] = {
-                "from": replaced,
-                "to": str(folder),
+                "from": str(before[cell][0]),
+                "to": row["production_model"]["policy"],
                 "before": was["success"],
                 "after": row["policies"]["production"]["success"],
             }
@@ -426,17 +441,13 @@ def _wait_for_activation(box: Path, version) -> None:
     stderr.print(f"campaign: {box.name} did not activate version {version} in time")
 
 
-def _evaluate(campaign: Campaign, cache: EvalCache, cell: str, day: int, production: str):
-    events = events_on_day(campaign.timelines[cell], day)
-    policies = {
+def _policies(campaign: Campaign, cell: str, production: str) -> dict[str, str | None]:
+    """What is evaluated on a cell each day (None: not there yet)."""
+    return {
         "production": production,
         "sim": str(Path(campaign.params.pretrain.out).resolve()),
         "calibrated_once": campaign.calibrated.get(cell),
         "expert": EXPERT,
-    }
-    return {
-        name: None if policy is None else cache.evaluate(policy, cell, day, events)
-        for name, policy in policies.items()
     }
 
 
@@ -520,14 +531,16 @@ def _calibrate(campaign: Campaign, cell: str, tables) -> Path:
 def _fill_calibrated_once(campaign: Campaign, cache: EvalCache) -> None:
     """The days before the calibrated-once policy was ready: evaluated now (same line state,
     same seeds: the figure is what it would have been that day)."""
-    for cell, record in campaign.records.items():
-        folder = campaign.calibrated.get(cell)
-        for row in record["days"]:
-            if folder and row["policies"].get("calibrated_once") is None:
-                events = row["events_applied"]
-                row["policies"]["calibrated_once"] = cache.evaluate(
-                    folder, cell, row["day"], events
-                )
+    missing = [
+        (row, EvalJob(folder, cell, row["day"], tuple(row["events_applied"])))
+        for cell, record in campaign.records.items()
+        if (folder := campaign.calibrated.get(cell))
+        for row in record["days"]
+        if row["policies"].get("calibrated_once") is None
+    ]
+    figures = cache.evaluate_many([job for _, job in missing])
+    for (row, _), figure in zip(missing, figures, strict=True):
+        row["policies"]["calibrated_once"] = figure
 
 
 # --- the document ----------------------------------------------------------------------------

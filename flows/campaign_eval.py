@@ -14,6 +14,8 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
 from pathlib import Path
 
 EXPERT = "expert"  # the privileged expert: no weights, its id is its name
@@ -34,12 +36,31 @@ def events_on_day(timeline: list[dict], day: float) -> list[str]:
     return [event["name"] for event in timeline if event["day"] <= day]
 
 
-class EvalCache:
-    """Evaluations by key, in a JSON file of the campaign's workspace (written atomically)."""
+@dataclass(frozen=True)
+class EvalJob:
+    """One held-out evaluation: `policy` (a folder or `expert`) on `world` as on `day`;
+    `events`: those applied by then (the cache key's line state)."""
 
-    def __init__(self, path: Path, params_path: Path, episodes: int, seeds: tuple[int, ...]):
+    policy: str
+    world: str
+    day: int
+    events: tuple[str, ...]
+
+
+class EvalCache:
+    """Evaluations by key, in a JSON file of the campaign's workspace (written atomically).
+    `workers`: evaluations run at once, each a `realloop cell eval` process of its own."""
+
+    def __init__(
+        self,
+        path: Path,
+        params_path: Path,
+        episodes: int,
+        seeds: tuple[int, ...],
+        workers: int = 1,
+    ):
         self.path, self.params_path = Path(path), Path(params_path)
-        self.episodes, self.seeds = episodes, tuple(seeds)
+        self.episodes, self.seeds, self.workers = episodes, tuple(seeds), workers
         self.entries: dict[str, dict] = (
             json.loads(self.path.read_text()) if self.path.is_file() else {}
         )
@@ -52,29 +73,46 @@ class EvalCache:
     def evaluate(self, policy: str, world: str, day: int, events: list[str]) -> dict:
         """`policy` (a folder or `expert`) on `world` as on `day`; `events`: those applied by
         then (the cache key's line state)."""
-        key = self.key(world, policy_id(policy), events)
-        if key in self.entries:
-            self.hits += 1
-            return {**self.entries[key], "cached": True}
-        self.misses += 1
-        result = run_cell_eval(self.params_path, policy, world, day, self.episodes, self.seeds)
-        if result["events"] != list(events):  # the cell's timeline is the truth: say so loudly
+        return self.evaluate_many([EvalJob(policy, world, day, tuple(events))])[0]
+
+    def evaluate_many(self, jobs: list[EvalJob]) -> list[dict]:
+        """Each job's figures, in order: cached ones at once, the others `workers` at a time
+        (a key asked twice is evaluated once)."""
+        keys = [self.key(j.world, policy_id(j.policy), list(j.events)) for j in jobs]
+        missing = {key: job for key, job in zip(keys, jobs, strict=True) if key not in self.entries}
+        with ThreadPoolExecutor(max_workers=self.workers) as pool:  # each job a subprocess
+            futures = {pool.submit(self._run, job): key for key, job in missing.items()}
+            for future in as_completed(futures):
+                self._store(futures[future], future.result())
+        self.misses += len(missing)
+        self.hits += len(jobs) - len(missing)
+        return [
+            {**self.entries[key], "cached": key not in missing or keys.index(key) != i}
+            for i, key in enumerate(keys)
+        ]
+
+    def _run(self, job: EvalJob) -> dict:
+        result = run_cell_eval(
+            self.params_path, job.policy, job.world, job.day, self.episodes, self.seeds
+        )
+        if result["events"] != list(job.events):  # the cell's timeline is the truth: say so
             raise ValueError(
-                f"{world} day {day}: the cell applied {result['events']}, the campaign expected "
-                f"{events}; the line file changed during the campaign"
+                f"{job.world} day {job.day}: the cell applied {result['events']}, the campaign "
+                f"expected {list(job.events)}; the line file changed during the campaign"
             )
-        entry = {
+        return {
             "success": round(result["success_rate"], 4),
             "min": round(result["success_min"], 4),
             "max": round(result["success_max"], 4),
             "episodes": result["episodes"],
             "seeds": result["seeds"],
         }
+
+    def _store(self, key: str, entry: dict) -> None:
         self.entries[key] = entry
         temp = self.path.with_name(f".{self.path.name}.partial")
         temp.write_text(json.dumps(self.entries, indent=1))
         temp.replace(self.path)
-        return {**entry, "cached": False}
 
 
 def run_cell_eval(

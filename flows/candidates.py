@@ -18,6 +18,7 @@ built. The simulator is a plug-in (params `simulator:`): nothing here imports a 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -192,9 +193,18 @@ def prescreen(
     return {"ranked": ranked, "heldout_examples": examples}
 
 
-def build(fleet, params: Params, root: Path, dataset_version: str, number: int) -> None:
+def build(
+    fleet,
+    params: Params,
+    root: Path,
+    dataset_version: str,
+    number: int,
+    then: Callable[[str], None] | None = None,
+) -> None:
     """Per cell still in the cycle: its candidates, the pre-screen, and the best as the cell's
-    `trained` (what the loop uploads and trials). `fleet`: the loop's cells of the cycle."""
+    `trained` (what the loop uploads and trials). `fleet`: the loop's cells of the cycle.
+    `then(cell_id)`: called as soon as a cell's candidate is chosen, before the next cell's
+    build (the loop sends it to trials there)."""
     for cell_id in fleet.going():
         try:
             fleet.steps[cell_id] |= _build_cell(
@@ -202,6 +212,9 @@ def build(fleet, params: Params, root: Path, dataset_version: str, number: int) 
             )
         except _NoCandidate as exc:
             fleet.errors[cell_id] = str(exc)
+            continue
+        if then is not None:
+            then(cell_id)
 
 
 def _build_cell(params, root, cell_id, plan, dataset_version, number) -> dict:

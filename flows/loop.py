@@ -5,7 +5,8 @@
                   → candidates (loop.candidates: the production model fine-tuned, the policy
                     pretrained in the sim calibrated from the cell's shifts, that one
                     fine-tuned) → the pre-screen picks one (flows/candidates.py)
-                  → upload it → request trials
+                  → upload it → request trials (at once: the cell trials it while the
+                    loop builds the next cell's candidates)
       → await the trials of every cell at once (subflow `await-trials`; a run of the
         work-pool deployment first suspends until ingest sees them in, flows/waiting.py)
       → per cell: gate on the request's complete attempt → (a person's sign-off, with
@@ -267,33 +268,41 @@ def _start_cells(
     number: int | None = None,
 ) -> None:
     """Per cell: plan → candidates and the pre-screen (flows/candidates.py) → upload the best
-    → publish its trial request."""
+    → publish its trial request. A cell's trials are requested as soon as its candidate is
+    chosen: the cell runs them on its robot while the loop builds the next cell's candidates
+    on the CPU, instead of every cell waiting for the last one's build."""
     common = (unmapped(params), unmapped(root))
     cells = fleet.going()
     fleet.settle("plan", cells, plan_cell.map(*common, cells, unmapped(batches)))
     fleet.lap("plan")
+
+    def send_to_trials(cell_id: str) -> None:
+        _request_cell_trials(fleet, params, root, cell_id)
+
     # One cell at a time: the cells share the CPU (or GPU), and MLflow registers a dataset
     # version's input once per experiment with a check-then-insert that concurrent runs of
     # the same version break ("UNIQUE constraint failed: datasets...", seen with two cells).
-    candidates.build(fleet, params, root, dataset_version, number)
+    candidates.build(fleet, params, root, dataset_version, number, then=send_to_trials)
     fleet.lap("candidates")
-    cells = fleet.going()
-    trained = [fleet.steps[c]["trained"] for c in cells]
-    fleet.settle("candidate", cells, upload_candidate.map(*common, cells, trained))
-    cells = fleet.going()
-    # The request ids are made here, once: a retried publish rewrites the same request.
-    documents = [
-        trials.new_trial_request(
-            c,
-            fleet.steps[c]["candidate"],
-            fleet.steps[c]["plan"]["incumbent"],
-            params.trials,
-            gate=params.gate,  # the sequential design, fixed in the request
-        )
-        for c in cells
-    ]
-    fleet.settle("request", cells, request_trials.map(*common, cells, documents))
-    fleet.lap("request trials")
+
+
+def _request_cell_trials(fleet: _Fleet, params: Params, root: Path, cell_id: str) -> None:
+    """Upload the cell's chosen candidate and publish its trial request (the request id is
+    made here, once: a retried publish rewrites the same request)."""
+    steps = fleet.steps[cell_id]
+    fleet.settle(
+        "candidate", [cell_id], [upload_candidate.submit(params, root, cell_id, steps["trained"])]
+    )
+    if cell_id in fleet.errors:
+        return
+    document = trials.new_trial_request(
+        cell_id,
+        steps["candidate"],
+        steps["plan"]["incumbent"],
+        params.trials,
+        gate=params.gate,  # the sequential design, fixed in the request
+    )
+    fleet.settle("request", [cell_id], [request_trials.submit(params, root, cell_id, document)])
 
 
 def _finish_cells(fleet: _Fleet, params: Params, root: Path) -> None:

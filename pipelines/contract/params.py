@@ -355,6 +355,7 @@ class CampaignParams:  # `realloop campaign`: the fleet over simulated days (doc
     part_mix_p_value: Annotated[float, Field(gt=0, lt=1)]
     eval_episodes: PositiveInt  # per held-out seed
     eval_seeds: Annotated[tuple[int, ...], Field(min_length=1)]  # never used by the loop
+    eval_workers: PositiveInt  # held-out evaluations at once (each a process)
     trial_episodes: PositiveInt  # per arm
     poll_s: PositiveFloat
     trial_timeout_s: PositiveFloat

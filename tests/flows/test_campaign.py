@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 import yaml
 
 from flows import campaign_eval
-from flows.campaign_eval import EvalCache, events_on_day
+from flows.campaign_eval import EvalCache, EvalJob, events_on_day
 from flows.campaign_report import compute_targets, plot_campaign
 from tests.conftest import ROOT, realloop, without_prefect_settings
 
@@ -67,6 +68,28 @@ def test_the_eval_cache_keys_on_line_weights_line_state_and_seeds(tmp_path, monk
     assert other_seeds.key("cell-07", "sha", []) != cache.key("cell-07", "sha", [])
     reloaded = EvalCache(tmp_path / "cache.json", tmp_path / "params.yaml", 10, (1, 2, 3))
     assert reloaded.evaluate(a, "cell-07", 1, [])["cached"]  # kept on disk across runs
+
+
+def test_the_days_evaluations_run_side_by_side_and_a_repeated_one_once(tmp_path, monkeypatch):
+    both_running = threading.Barrier(2, timeout=10)  # broken unless two evaluations overlap
+    runs = []
+
+    def cell_eval(_params, policy, world, day, episodes, seeds):
+        runs.append(policy)
+        both_running.wait()
+        return {
+            "events": [], "success_rate": 0.5 if policy == "expert" else 0.9,
+            "success_min": 0.4, "success_max": 1.0, "episodes": 30, "seeds": [],
+        }  # fmt: skip
+
+    monkeypatch.setattr(campaign_eval, "run_cell_eval", cell_eval)
+    cache = EvalCache(tmp_path / "cache.json", tmp_path / "params.yaml", 10, (1, 2, 3), workers=2)
+    a = fake_policy(tmp_path / "a", b"weights")
+    jobs = [EvalJob(a, "cell-07", 0, ()), EvalJob("expert", "cell-07", 0, ())]
+    figures = cache.evaluate_many([*jobs, jobs[0]])
+    assert [f["success"] for f in figures] == [0.9, 0.5, 0.9]
+    assert [f["cached"] for f in figures] == [False, False, True]
+    assert sorted(runs) == sorted([a, "expert"]) and (cache.hits, cache.misses) == (1, 2)
 
 
 def figures(production, expert=0.98, sim=0.5, cal=0.9):

@@ -251,6 +251,17 @@ def test_the_gate_judged_exactly_the_requests_complete_attempt(cycle):
             assert [s["sha256"] for s in trials[arm]["sources"]] == attempts["attempt-2"][arm][1]
 
 
+def test_a_cells_trials_are_requested_before_the_next_cell_is_built(cycle):
+    """The cell trials its candidate on its robot while the loop builds the next cell's."""
+    from pipelines.training.tracking import mlflow_client
+
+    workspace, _, by_cell, _, _, _, _ = cycle
+    client = mlflow_client(workspace)
+    requested = datetime.fromisoformat(by_cell["cell-07"]["trial_request"]["created_at"])
+    next_build = client.get_run(by_cell["cell-08"]["training"]["mlflow_run_id"]).info.start_time
+    assert requested < datetime.fromtimestamp(next_build / 1000, UTC)
+
+
 def test_a_cell_that_never_answers_ends_trials_incomplete_with_its_request_withdrawn(cycle):
     workspace, _, by_cell, _, deployed, _, took = cycle
     cell = by_cell[SILENT]
