@@ -3,7 +3,8 @@
     per cell (one at a time: the cells share the CPU):
       split its batches by shift (the newest held out of fine-tuning, for the pre-screen; the
         `loop.train_shifts` before them trained on)
-      → incumbent_finetune: its production model fine-tuned (the finetune@<cell> DVC stage)
+      → incumbent_finetune: its production model fine-tuned (the finetune@<cell> DVC stage),
+        in a worker thread beside the calibration below
       → calibrate from its training shifts (once calibrate.min_episodes exist) → the policy
         pretrained in that sim, cached by the calibration's hash → calibrated: registered as is;
         calibrated_finetune: fine-tuned on the same batches
@@ -221,20 +222,23 @@ def _build_cell(params, root, cell_id, plan, dataset_version, number) -> dict:
     wanted, common = params.loop.candidates, (params, root, cell_id)
     split = _result(split_cell(*common, plan["batches"], return_state=True), "split")
     built, failed = [], []
+    incumbent = None
     if INCUMBENT_FINETUNE in wanted:
+        # In a worker thread while this one calibrates: torch trains on one core while the
+        # calibration's replays and EM use the other.
         train_plan = plan | {"batches": split["train"]}
-        state = fine_tune(*common, train_plan, dataset_version, number, return_state=True)
-        _keep(INCUMBENT_FINETUNE, state, None, built, failed)
-    calibration = _calibrated_candidates(
-        params,
-        root,
-        (cell_id, plan["base"]),
-        split["train"],
-        dataset_version,
-        number,
-        built,
-        failed,
+        incumbent = fine_tune.submit(*common, train_plan, dataset_version, number)
+    calibration, policy = _calibrated_policy(
+        params, root, cell_id, split["train"], dataset_version, failed
     )
+    if incumbent is not None:  # before the calibrated candidates register (MLflow, above)
+        incumbent.wait()
+        _keep(INCUMBENT_FINETUNE, incumbent.state, None, built, failed)
+    if policy is not None:
+        _calibrated_candidates(
+            params, root, (cell_id, plan["base"]), calibration, split["train"],
+            dataset_version, number, built, failed,
+        )  # fmt: skip
     if not built:
         reasons = "; ".join(f"{f['name']}: {f['error']}" for f in failed)
         raise _NoCandidate(f"candidates: none built ({reasons})")
@@ -253,28 +257,42 @@ def _build_cell(params, root, cell_id, plan, dataset_version, number) -> dict:
     return {"trained": ranked[0]["trained"], "prescreen": summary}
 
 
-def _calibrated_candidates(
-    params, root, cell, batches, dataset_version, number, built, failed
-) -> dict | None:
-    """calibrated and calibrated_finetune, as loop.candidates asks: calibrate, the policy
-    (cached or pretrained), then each candidate; appended to `built` or, with the reason, to
-    `failed`. `cell`: its id and its production model's folder. Returns the calibration
-    (None: none this cycle)."""
-    wanted = [n for n in (CALIBRATED, CALIBRATED_FINETUNE) if n in params.loop.candidates]
+def _wanted_calibrated(params: Params) -> list[str]:
+    return [n for n in (CALIBRATED, CALIBRATED_FINETUNE) if n in params.loop.candidates]
+
+
+def _calibrated_policy(
+    params, root, cell_id, batches, dataset_version, failed
+) -> tuple[dict | None, dict | None]:
+    """(the calibration, its policy: cached or pretrained), as far as they were made; what
+    was not, with the reason, in `failed` for each calibrated candidate loop.candidates asks
+    for. (None, None) when it asks for none."""
+    wanted = _wanted_calibrated(params)
     if not wanted:
-        return None
-    cell_id, production = cell
+        return None, None
     common = (params, root, cell_id)
     state = calibrate_cell(*common, batches, dataset_version, return_state=True)
     calibration = _value(state)
     if calibration is not None and calibration["skip"]:
         failed += [{"name": name, "error": calibration["skip"]} for name in wanted]
-        return None
+        return None, None
     if calibration is not None:
         state = calibrated_policy(*common, calibration, return_state=True)
     if not state.is_completed():
         failed += [{"name": name, "error": _reason(state)} for name in wanted]
-        return calibration
+        return calibration, None
+    return calibration, state.result()
+
+
+def _calibrated_candidates(
+    params, root, cell, calibration, batches, dataset_version, number, built, failed
+) -> None:
+    """calibrated and calibrated_finetune, as loop.candidates asks, from the calibration's
+    policy; appended to `built` or, with the reason, to `failed`. `cell`: its id and its
+    production model's folder."""
+    wanted = _wanted_calibrated(params)
+    cell_id, production = cell
+    common = (params, root, cell_id)
     if CALIBRATED in wanted and _same_weights(root / calibration["policy"], Path(production)):
         # Promoted in an earlier cycle and nothing moved since: no trial of a model against
         # itself.
@@ -289,7 +307,6 @@ def _calibrated_candidates(
             *common, calibration, batches, dataset_version, number, return_state=True
         )
         _keep(CALIBRATED_FINETUNE, state, calibration, built, failed)
-    return calibration
 
 
 class _NoCandidate(Exception):
