@@ -5,7 +5,8 @@
         `loop.train_shifts` before them trained on)
       → incumbent_finetune: its production model fine-tuned (the finetune@<cell> DVC stage),
         in a worker thread beside the calibration below
-      → calibrate from its training shifts (once calibrate.min_episodes exist) → the policy
+      → calibrate from its newest shifts, the held-out one included (up to
+        loop.calibrate_episodes; once calibrate.min_episodes exist) → the policy
         pretrained in that sim, cached by the calibration's hash → calibrated: registered as is;
         calibrated_finetune: fine-tuned on the same batches
       → pre-screen: held-out action error + success in the calibrated sim; the best is the
@@ -76,7 +77,7 @@ def fine_tune(
 def calibrate_cell(
     params: Params, workspace: Path, cell_id: str, batches: list[str], dataset_version: str
 ) -> dict:
-    """The sim calibrated from the cell's training shifts; the one in use when nothing moved
+    """The sim calibrated from the cell's newest shifts; the one in use when nothing moved
     beyond its standard errors (pipelines/calibrate/cache.py). `skip` says why there is none
     (too few episodes yet: expected on a new cell, so not a failed task)."""
     from flows.plugins import load_simulator
@@ -228,9 +229,10 @@ def _build_cell(params, root, cell_id, plan, dataset_version, number) -> dict:
         # calibration's replays and EM use the other.
         train_plan = plan | {"batches": split["train"]}
         incumbent = fine_tune.submit(*common, train_plan, dataset_version, number)
-    calibration, policy = _calibrated_policy(
-        params, root, cell_id, split["train"], dataset_version, failed
-    )
+    # The sim follows the line as it is now: calibrated from the newest shift, the held-out
+    # one included (the pre-screen's action error does not read the calibration).
+    newest = split["heldout"] + split["train"]
+    calibration, policy = _calibrated_policy(params, root, cell_id, newest, dataset_version, failed)
     if incumbent is not None:  # before the calibrated candidates register (MLflow, above)
         incumbent.wait()
         _keep(INCUMBENT_FINETUNE, incumbent.state, None, built, failed)

@@ -312,6 +312,9 @@ class LoopParams:
     heldout_shifts: NonNegativeInt  # newest shifts per cell kept out of fine-tuning: pre-screen
     train_shifts: PositiveInt | None  # ...and the newest this many before them fine-tuned on
     recalibrate_sigmas: PositiveFloat  # re-pretrain only if an estimate moved more (std errors)
+    # The loop calibrates from the cell's newest whole shifts up to this many episodes, the
+    # held-out shift included: the sim follows the line as it is now.
+    calibrate_episodes: PositiveInt
     # The loop's pretrain (the `pretrain:` section stays `realloop cell pretrain`'s): cheaper,
     # since it runs inside a cycle; episodes, rounds and epochs as in `pretrain:`.
     pretrain_demo_episodes: PositiveInt

@@ -35,20 +35,22 @@ def calibrate_cell(
     simulator: Any,
     sim_world: Mapping,
 ) -> CachedCalibration:
-    """Calibrate from the cell's `batches` (its newest whole shifts among them, as `realloop
-    calibrate` does) and choose the calibration to pretrain in: this one, or the one in use
-    when nothing moved beyond `loop.recalibrate_sigmas` standard errors. ValueError (one
-    line) when the batches hold fewer than calibrate.min_episodes episodes."""
+    """Calibrate from the cell's `batches` (its newest whole shifts among them up to
+    `loop.calibrate_episodes` episodes) and choose the calibration to pretrain in: this one,
+    or the one in use when nothing moved beyond `loop.recalibrate_sigmas` standard errors.
+    ValueError (one line) when those shifts hold fewer than calibrate.min_episodes."""
     from pipelines.calibrate import calibrate, write_calibration
     from pipelines.ingest import read_dataset
 
     dataset = Path(workspace) / params.ingest.dataset
     episodes, steps = read_dataset(dataset, sources=batches)
-    calibration, _ = calibrate(episodes, steps, simulator, sim_world, params.cell, params.calibrate)
+    settings = dataclasses.replace(params.calibrate, episodes=params.loop.calibrate_episodes)
+    calibration, fitted = calibrate(episodes, steps, simulator, sim_world, params.cell, settings)
     provenance = {
         "dataset_version": dataset_version,
         "cell_id": cell_id,
         "batches": len(batches),
+        "shifts": sorted({logged.shift_id for logged in fitted["logs"]}),  # the ones it read
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     return choose_calibration(

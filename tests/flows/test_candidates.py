@@ -1,6 +1,6 @@
 """A loop cycle that builds all three candidates for a cell against the reference cell, ranks
 them offline and trials only the best (flows/candidates.py): the cell uploaded two shifts, the
-newer held out of fine-tuning for the pre-screen, the older calibrates the sim.
+newer held out of fine-tuning for the pre-screen; it calibrates the sim.
 
 The cycle is slow (a calibration, a small pretrain, two fine-tunes and trials: minutes), so in
 `make test-all`; the parts are unit-tested in tests/pipelines/test_prescreen.py, and how the
@@ -38,6 +38,7 @@ def candidate_params(workspace) -> None:
         pretrain_dagger_rounds=0,
         pretrain_epochs=3,
         sim_eval_episodes=5,
+        calibrate_episodes=20,  # the newest shift
     )
     path.write_text(yaml.safe_dump(params))
 
@@ -134,6 +135,9 @@ def test_the_calibration_is_cached_by_its_hash_and_named_by_the_candidates(cycle
     assert (folder / "policy" / "config.json").is_file()
     current = json.loads((workspace / "models/calibrated" / CELL / "current.json").read_text())
     assert current == {"hash": calibration["hash"]}
+    # The sim follows the line as it is now: calibrated from the newest shift, the held-out one.
+    written = yaml.safe_load((folder / "sim-calibration.yaml").read_text())
+    assert written["provenance"]["shifts"] == cell["prescreen"]["split"]["heldout_shifts"]
     for candidate in cell["prescreen"]["candidates"]:
         expected = None if candidate["name"] == "incumbent_finetune" else calibration["hash"]
         assert (candidate["calibration"] or {}).get("hash") == expected
