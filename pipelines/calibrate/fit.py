@@ -50,7 +50,7 @@ def calibrate(
 ) -> tuple[Calibration, dict]:
     """Fit the line from its logs; also return the intermediate fits the plots draw on."""
     tick = progress or (lambda *_: None)
-    logs = _most_recent(logged_episodes(episodes, steps), params.episodes)
+    logs = _most_recent(logged_episodes(episodes, steps), params.episodes, params.min_episodes)
     if len(logs) < params.min_episodes:
         raise ValueError(
             f"{len(logs)} line episodes in the newest whole shifts (calibrate.episodes "
@@ -80,10 +80,11 @@ def calibrate(
     return calibration, {"logs": logs, "latency": latency, "perception": perception}
 
 
-def _most_recent(logs: list[LoggedEpisode], limit: int) -> list[LoggedEpisode]:
+def _most_recent(logs: list[LoggedEpisode], limit: int, minimum: int = 0) -> list[LoggedEpisode]:
     """Whole shifts, newest first, while they fit in `limit` episodes: load and lighting
-    follow the shift's clock, so a partial shift would skew their estimates. A newest shift
-    larger than `limit` is thinned evenly over its clock instead."""
+    follow the shift's clock, so a partial shift would skew their estimates. Below `minimum`
+    (the newest shift still being recorded: 20 episodes so far) the next whole shift is taken
+    even past `limit`. A newest shift larger than `limit` is thinned evenly over its clock."""
     if not limit or len(logs) <= limit:
         return logs
     shifts: dict[str, list[LoggedEpisode]] = {}
@@ -92,6 +93,8 @@ def _most_recent(logs: list[LoggedEpisode], limit: int) -> list[LoggedEpisode]:
     kept: list[LoggedEpisode] = []
     for shift_id in sorted(shifts, reverse=True):  # shift ids are UTC start times
         if len(kept) + len(shifts[shift_id]) > limit:
+            if kept and len(kept) < minimum:
+                kept = shifts[shift_id] + kept
             break
         kept = shifts[shift_id] + kept
     if not kept:

@@ -79,6 +79,10 @@ def test_the_fit_takes_the_newest_whole_shifts_within_its_budget():
     assert kept == middle + new  # the old shift would not fit whole
     thinned = _most_recent(shift("20261203T060000Z", 1000), 300)
     assert len(thinned) == 250 and thinned[-1].shift_phase == 0.996  # every 4th, whole clock
+    # The newest shift still being recorded holds too few: the whole shift before it is added.
+    recording = shift("20261203T060000Z", 20)
+    assert _most_recent(middle + new + recording, 100, minimum=50) == new + recording
+    assert _most_recent(middle + new + recording, 100) == recording
 
 
 def test_parabola_vertex_finds_the_minimum_between_grid_points():
