@@ -6,7 +6,11 @@ Three conditions, all required (no gate, no promotion):
   trial episodes, both arms' sampling error counted, stopped for efficacy at error rate
   `gate.alpha`; superiority (no margin) is reported beside it, never required;
 - zero safety stops in its trials (the first one ends the trials);
-- its p95 cycle time is within the cell's budget.
+- its p95 cycle time is within the cell's budget (the takt), or, on a line the incumbent
+  already runs over its takt, it places at least as many of its trial parts within the takt
+  as the incumbent does: it does not slow the line. The p95 is over successful episodes,
+  so a candidate that places the hard parts the incumbent gives up on has the slower tail
+  (campaign, cell-09: 24/24 at p95 5.65 s against 5/24, failed on a 5.50 s budget).
 """
 
 from __future__ import annotations
@@ -81,6 +85,8 @@ class GateDecision:
     statistic: float  # non-inferiority score statistic at the deciding look
     bound: float | None  # its efficacy boundary there (None: stopped by a safety stop)
     superiority: dict  # statistic, bound, shown: reported, never required
+    # Per arm, the trial parts placed within cycle_time_budget_s (of episodes_used).
+    placed_within_budget: dict | None = None
 
     def as_record(self) -> dict:
         return asdict(self)
@@ -133,12 +139,18 @@ def decide(
             f"the sequential test has not decided on {used} episodes per arm "
             f"(looks at {plan.look_sizes().tolist()}); wait for more trial episodes"
         )
-    arms = [trial_stats(t.slice(0, used), 1 - 2 * gate.alpha) for t in (candidate, incumbent)]
+    judged = [t.slice(0, used) for t in (candidate, incumbent)]
+    arms = [trial_stats(t, 1 - 2 * gate.alpha) for t in judged]
     statistic, bound, superiority = _statistics(plan, arms[0], arms[1], stopped, used)
+    budget = gate.cycle_time_budget_s
+    placed = {
+        "candidate": placed_within(judged[0], budget),
+        "incumbent": placed_within(judged[1], budget),
+    }
     checks = [
         _non_inferiority_check(stopped, statistic, bound, used, gate),
         (arms[0].safety_stops == 0, f"{arms[0].safety_stops} safety stops (0 allowed)"),
-        _cycle_time_check(arms[0].p95_cycle_time_s, gate.cycle_time_budget_s),
+        _cycle_time_check(arms[0].p95_cycle_time_s, budget, placed, used),
     ]
     return GateDecision(
         passed=all(ok for ok, _ in checks),
@@ -154,6 +166,7 @@ def decide(
         statistic=statistic,
         bound=bound,
         superiority=superiority,
+        placed_within_budget=placed,
     )
 
 
@@ -182,11 +195,29 @@ def _non_inferiority_check(stopped, statistic, bound, used, gate) -> tuple[bool,
     )
 
 
-def _cycle_time_check(p95: float | None, budget: float) -> tuple[bool, str]:
+def _cycle_time_check(
+    p95: float | None, budget: float, placed: dict[str, int], used: int
+) -> tuple[bool, str]:
+    """Within the takt, or no slower a line than the incumbent's (module docstring)."""
     if p95 is None:
         return False, "no successful trial episode, so no cycle time to hold against the budget"
-    within = p95 <= budget
-    return within, f"p95 cycle time {p95:.2f} s {'<=' if within else '>'} budget {budget:.2f} s"
+    if p95 <= budget:
+        return True, f"p95 cycle time {p95:.2f} s <= budget {budget:.2f} s"
+    ours, theirs = placed["candidate"], placed["incumbent"]
+    why = (
+        f"p95 cycle time {p95:.2f} s > budget {budget:.2f} s; parts placed within it: "
+        f"{ours}/{used} against the incumbent's {theirs}/{used}"
+    )
+    if ours >= theirs:
+        return True, f"{why}, so the line is no slower"
+    return False, why
+
+
+def placed_within(episodes: pa.Table, budget: float) -> int:
+    """Trial episodes whose part was placed within `budget` seconds."""
+    success = episodes.column("success").to_pylist()
+    times = episodes.column("cycle_time_s").to_pylist()
+    return sum(1 for ok, took in zip(success, times, strict=True) if ok and took <= budget)
 
 
 def trial_stats(episodes: pa.Table, confidence: float = 0.90) -> TrialStats:

@@ -96,6 +96,28 @@ def test_a_slow_candidate_fails_on_cycle_time_alone():
     assert not decision.passed and len(failures) == 1 and "p95 cycle time" in failures[0]
 
 
+def test_a_slow_tail_passes_when_it_places_more_parts_within_the_takt_than_the_incumbent():
+    # The candidate places the hard parts too, some of them slowly; the incumbent gives up on
+    # them: the line is faster with the candidate though its p95 is over the budget.
+    candidate = arm([True] * 24, "c", cycle=4.0)
+    candidate = candidate.set_column(
+        3, "cycle_time_s", pa.array([5.6] * 4 + [4.0] * 20, pa.float32())
+    )
+    incumbent = arm([True] * 5 + [False] * 19, "i", cycle=6.0)
+    decision = decide(candidate, incumbent, GATE, max_episodes=24)
+    assert decision.passed, decision.reasons
+    used = decision.episodes_used  # the slow four are among the first: in every look
+    assert decision.placed_within_budget == {"candidate": used - 4, "incumbent": 0}
+    assert (
+        f"{used - 4}/{used} against the incumbent's 0/{used}, so the line is no slower"
+        in (decision.reasons[2])
+    )
+    # Over the takt and placing fewer parts within it than the incumbent: fails.
+    fast = arm([True] * 24, "i", cycle=4.0)
+    decision = decide(candidate, fast, GATE, max_episodes=24)
+    assert not decision.passed and decision.reasons[2].startswith("FAIL: p95 cycle time")
+
+
 def test_the_decision_does_not_depend_on_when_anyone_looked():
     candidate, incumbent = draws(0.9, 100, 5), draws(0.9, 100, 6)
     design = Design(0.05, 0.02, 5, 0.05, 100)
