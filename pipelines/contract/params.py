@@ -235,6 +235,8 @@ class DriftParams:
     max_lag_steps: int
     jitter_clearance_m: float
     contact_band_m: float  # a pushing step: the part seen this close to its contact circle
+    novel_tolerance_m: float  # part sizes: one within this of enough baseline sizes is known
+    novel_share: float  # ...and this much more of the current than of the baseline is new
     min_drifted_features: int
     min_new_edge_cases: int
 

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from scipy.spatial.distance import jensenshannon
-from scipy.stats import ks_2samp
+from scipy.stats import fisher_exact, ks_2samp
 
 from pipelines.contract import schema
 from pipelines.quality import drift
@@ -24,6 +24,7 @@ from pipelines.quality.drift.features import (
     CYCLE_TIME,
     FAILURE_MODE,
     FEATURES,
+    PART_SIZE,
     PERCEPTION_CONFIDENCE,
     POSE_JITTER,
     TRACKING_ERROR,
@@ -48,6 +49,7 @@ def synthetic(
     failures: dict[str, float] = FEW_FAILURES,
     edge_cases: int = 0,
     camera_bias_m: tuple[float, float] = (0.0, 0.0),
+    part_sizes_m: tuple[float, ...] = (0.06,),
     prefix: str = "cell-07-20261201T060000Z",
 ) -> tuple[pa.Table, pa.Table]:
     """(episodes, steps) conforming to the schema. Commands are smooth sines; the measured
@@ -55,8 +57,14 @@ def synthetic(
     one row by which any response shows), plus noise. For the first half of an episode the
     pusher stays far from a still part, so pose changes are noise; for the second it pushes
     the part (on its contact circle, moving towards it), which the camera sees off by its
-    bias."""
+    bias. Episode i's part is part_sizes_m[i % len], measured with the camera's 2 mm noise
+    per axis (drawn apart, so that the other draws do not depend on it)."""
     rng = np.random.default_rng(seed)
+    rng_extents = np.random.default_rng([seed, 1])
+    extents = [
+        (part_sizes_m[i % len(part_sizes_m)] + rng_extents.normal(0.0, 0.002, 2)).tolist()
+        for i in range(episodes)
+    ]
     ep_rows: dict[str, list] = {f.name: [] for f in schema.EPISODES_SCHEMA}
     st_rows: dict[str, list] = {f.name: [] for f in schema.STEPS_SCHEMA}
     modes, shares = list(failures), list(failures.values())
@@ -94,7 +102,7 @@ def synthetic(
             realloop_version="test",
             start_time=START,
             target=[0.1, 0.1],
-            part_extent_m=[0.06, 0.06],
+            part_extent_m=extents[index],
             success=mode == "none",
             failure_cause=None if mode == "none" else ("safety_stop" if stop_kind else mode),
             safety_stops=int(stop_kind is not None),
@@ -188,6 +196,22 @@ def test_a_knocked_camera_drifts_the_contact_offsets_and_nothing_else(
     assert np.sign(shift) == np.sign(sum(bias))  # the offsets move the way the camera did
 
 
+def test_a_new_part_variant_drifts_the_part_size_and_nothing_else(params):
+    """A fifth of the parts a new size (72 mm among 60 and 90 mm parts): the NOVEL measure sees
+    the new cluster; the KS distance of the whole mixture alone would not."""
+    known = (0.06, 0.06, 0.09, 0.06, 0.09)
+    baseline = synthetic(seed=1, episodes=100, part_sizes_m=known)
+    again = synthetic(seed=2, episodes=80, part_sizes_m=known)
+    new = synthetic(seed=3, episodes=80, part_sizes_m=(*known[:4], 0.072))
+    assert drifted(drift.detect_drift(baseline, again, params.cell, params.drift)) == set()
+    result = drift.detect_drift(baseline, new, params.cell, params.drift)
+    assert drifted(result) == {PART_SIZE}
+    size = next(f for f in result.features if f.name == PART_SIZE)
+    novel = next(m for m in size.measures if m.name == "novel")
+    assert novel.drifted and novel.statistic == pytest.approx(16 / 80, abs=0.03)
+    assert result.reasons[0].startswith(f"{PART_SIZE} drifted: NOVEL 0.2")
+
+
 def test_latency_is_estimated_per_episode_and_its_shift_drifts(params, baseline_tables):
     mixed = synthetic(seed=4, latencies=(0, 1, 2, 3))
     samples = drift.extract_features(*mixed, params.cell, params.drift)
@@ -246,6 +270,14 @@ def test_psi_matches_the_formula_on_a_hand_computed_case():
     expected = (floor - 0.5) * math.log(floor / 0.5) + (1 - 0.5) * math.log(1 / 0.5)
     assert drift.population_stability_index(baseline, all_above, 2) == pytest.approx(expected)
     assert drift.population_stability_index(baseline, baseline, 10) == 0.0
+
+
+def test_novel_counts_values_the_baseline_has_too_few_of_nearby():
+    baseline = np.array([1.0, 1.1, 1.2, 5.0, 5.1, 5.2, 9.0])  # 9.0 has no other near it
+    current = np.array([1.05, 5.05, 9.0, 7.0, 7.1, 3.0])  # 9.0: one near, 2 needed
+    share, p = drift.novel_share(baseline, current, tolerance=0.25)
+    assert share == pytest.approx(4 / 6 - 1 / 7)
+    assert p == pytest.approx(fisher_exact([[4, 2], [1, 6]], alternative="greater").pvalue)
 
 
 def test_ks_is_scipy_two_sample_ks():

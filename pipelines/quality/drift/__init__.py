@@ -8,6 +8,7 @@ from pipelines.quality.drift.measures import (
     describe_measures,
     jensen_shannon,
     kolmogorov_smirnov,
+    novel_share,
     population_stability_index,
 )
 from pipelines.quality.drift.report import (
@@ -29,6 +30,7 @@ __all__ = [
     "extract_features",
     "jensen_shannon",
     "kolmogorov_smirnov",
+    "novel_share",
     "plot_feature",
     "population_stability_index",
     "retraining_trigger",

@@ -12,6 +12,8 @@ Features, each with a measure suited to it (`FEATURES`):
   to the circle on which it must sit while the pusher pushes it (pusher radius + half the
   part's measured extent). The pusher's joint sensors have no bias, so a knocked camera moves
   these offsets by its bias along the push, whatever else the policy does: KS;
+- part size, per episode: the mean of the part's measured extent (x, y): NOVEL (sizes the
+  baseline never showed: a new part variant) and KS (the mix of known variants changed);
 - cycle time, per episode: KS;
 - failure mode, per episode (`none` on success): JS over the categories.
 """
@@ -26,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipelines.contract.params import CellParams, DriftParams
-from pipelines.quality.drift.measures import JS, KS, PSI, Measure, measure
+from pipelines.quality.drift.measures import JS, KS, NOVEL, PSI, Measure, measure
 
 PERCEPTION_CONFIDENCE = "perception_confidence"
 POSE_JITTER = "pose_jitter_m"
@@ -34,6 +36,7 @@ ACTION_LATENCY = "action_latency_steps"
 TRACKING_ERROR = "joint_tracking_error_mps"
 CONTACT_OFFSET_X = "contact_offset_x_m"
 CONTACT_OFFSET_Y = "contact_offset_y_m"
+PART_SIZE = "part_size_m"
 CYCLE_TIME = "cycle_time_s"
 FAILURE_MODE = "failure_mode"
 NO_FAILURE = "none"  # the failure-mode category of a successful episode
@@ -87,6 +90,13 @@ FEATURES = (
         )
         for name, axis in ((CONTACT_OFFSET_X, "x"), (CONTACT_OFFSET_Y, "y"))
     ),
+    Feature(
+        PART_SIZE,
+        "episode",
+        False,
+        (NOVEL, KS),
+        "the part's measured extent (m), mean of x and y; episodes without one are left out",
+    ),
     Feature(CYCLE_TIME, "episode", False, (KS,), "episode cycle time (s)"),
     Feature(
         FAILURE_MODE,
@@ -132,6 +142,7 @@ def extract_features(
         TRACKING_ERROR: _tracking_error(codes, step_index, action, velocity),
         CONTACT_OFFSET_X: offset_x,
         CONTACT_OFFSET_Y: offset_y,
+        PART_SIZE: _part_sizes(episodes),
         CYCLE_TIME: Samples(
             episodes.column("cycle_time_s").to_numpy().astype(np.float64), episodes.num_rows
         ),
@@ -188,6 +199,12 @@ def _pose_jitter(
     pairs &= clear[1:] & clear[:-1]
     jitter = np.linalg.norm(np.diff(part, axis=0), axis=1)[pairs]
     return Samples(jitter, len(np.unique(codes[1:][pairs])))
+
+
+def _part_sizes(episodes: pa.Table) -> Samples:
+    sizes = 2 * _half_extents(episodes, episodes.column("episode_id").to_pylist())
+    measured = sizes[sizes > 0]
+    return Samples(measured, len(measured))
 
 
 def _half_extents(episodes: pa.Table, episode_ids: list[str], reduce=np.mean) -> np.ndarray:

@@ -1,9 +1,13 @@
-"""Drift measures: PSI and KS for a continuous feature, Jensen-Shannon for a categorical one.
+"""Drift measures: PSI and KS for a continuous feature, Jensen-Shannon for a categorical one,
+and NOVEL for a feature whose values come in a few known clusters (the parts' sizes).
 
 A continuous feature drifts when PSI reaches `drift.psi`, or when the KS distance reaches
 `drift.ks_statistic` with a p-value below `drift.p_value`; a categorical one when the
 Jensen-Shannon distance reaches `drift.js_distance` and a chi-square test of the two count
-vectors has p below `drift.p_value`. Significance alone is not enough (with a million steps
+vectors has p below `drift.p_value`; a clustered one when the share of current values unlike
+any baseline value exceeds the baseline's own share by `drift.novel_share` with a one-sided
+Fisher exact p below `drift.p_value` (a new part variant: a new cluster, whatever its share
+of the mixture, which a KS distance dilutes). Significance alone is not enough (with a million steps
 everything is significant), and size alone is not enough (60 episodes are noisy).
 """
 
@@ -16,17 +20,20 @@ import numpy as np
 
 from pipelines.contract.params import DriftParams
 
-PSI, KS, JS = "psi", "ks", "js"
+PSI, KS, JS, NOVEL = "psi", "ks", "js", "novel"
 PSI_FLOOR = 1e-4  # share given to an empty PSI bin, so that log(a/e) stays finite
+# A value resembles the baseline when at least this share of it (and 2 values) lies within
+# drift.novel_tolerance_m: a known variant of 2% of parts still counts, one stray value not.
+MIN_MATCH_SHARE = 0.02
 
 
 @dataclass(frozen=True)
 class Measure:
-    name: str  # psi | ks | js
+    name: str  # psi | ks | js | novel
     statistic: float
     threshold: float
     drifted: bool
-    p_value: float | None = None  # KS, and chi-square for JS
+    p_value: float | None = None  # KS, chi-square for JS, Fisher exact for NOVEL
 
 
 def population_stability_index(baseline: np.ndarray, current: np.ndarray, bins: int) -> float:
@@ -80,6 +87,27 @@ def jensen_shannon(baseline, current) -> tuple[float, float]:
     return distance, float(chi2_contingency(np.vstack([base, cur])).pvalue)
 
 
+def novel_share(baseline: np.ndarray, current: np.ndarray, tolerance: float) -> tuple[float, float]:
+    """How many more current values than baseline values lie where the baseline has (almost)
+    none: the share of current values with fewer than MIN_MATCH_SHARE of the baseline within
+    `tolerance`, minus the same share of the baseline's values (each against the others), and
+    the one-sided Fisher exact p-value of that 2 x 2 table."""
+    from scipy.stats import fisher_exact
+
+    ordered = np.sort(np.asarray(baseline, float))
+    needed = max(2, int(np.ceil(MIN_MATCH_SHARE * len(ordered))))
+
+    def unmatched(values: np.ndarray, itself: int) -> np.ndarray:
+        high = np.searchsorted(ordered, values + tolerance, side="right")
+        near = high - np.searchsorted(ordered, values - tolerance, side="left") - itself
+        return near < needed
+
+    new, old = unmatched(np.asarray(current, float), 0), unmatched(ordered, 1)
+    table = [[int(new.sum()), int((~new).sum())], [int(old.sum()), int((~old).sum())]]
+    p_value = float(fisher_exact(table, alternative="greater").pvalue)
+    return float(new.mean() - old.mean()), p_value
+
+
 def measure(name: str, baseline: np.ndarray, current: np.ndarray, params: DriftParams) -> Measure:
     if name == PSI:
         psi = population_stability_index(baseline, current, params.psi_bins)
@@ -92,7 +120,11 @@ def measure(name: str, baseline: np.ndarray, current: np.ndarray, params: DriftP
     if name == JS:
         d, p = jensen_shannon(baseline, current)
         return Measure(JS, d, params.js_distance, d >= params.js_distance and p < params.p_value, p)
-    raise ValueError(f"{name}: unknown drift measure (psi, ks or js)")
+    if name == NOVEL:
+        share, p = novel_share(baseline, current, params.novel_tolerance_m)
+        drifted = share >= params.novel_share and p < params.p_value
+        return Measure(NOVEL, share, params.novel_share, drifted, p)
+    raise ValueError(f"{name}: unknown drift measure (psi, ks, js or novel)")
 
 
 def describe_measures(measures: list[Measure] | list[dict]) -> str:
