@@ -10,6 +10,10 @@ about `false_alarm` of in-distribution steps go to the fallback.
 
 Held out are whole blocks of consecutive rows (about an episode each): the steps of one
 episode look alike, and a threshold calibrated on their twins would be too low.
+
+The fitted numbers are rounded to SIGNIFICANT_DIGITS of each array's largest value: the linear
+algebra's last bits depend on the CPU's BLAS kernels, and ood.json is part of a model folder
+that `dvc repro` must rebuild byte for byte on any machine.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ HOLDOUT_FRACTION = 0.2
 BLOCK_ROWS = 100  # consecutive rows held out together: one episode is 100 control steps
 MIN_ROWS = 30  # fewer: no covariance of 12 features worth the name
 RIDGE = 1e-6  # relative to the mean variance: a feature that never varied stays invertible
+SIGNIFICANT_DIGITS = 9  # far above the score's needs, far below the BLAS kernels' differences
 
 
 def fit_ood(observations: np.ndarray, false_alarm: float, seed: int = 0) -> dict:
@@ -36,9 +41,9 @@ def fit_ood(observations: np.ndarray, false_alarm: float, seed: int = 0) -> dict
     mean = features.mean(axis=0)
     covariance = np.cov(features, rowvar=False)
     covariance += np.eye(len(mean)) * RIDGE * float(np.trace(covariance)) / len(mean)
-    whitening = np.linalg.inv(np.linalg.cholesky(covariance))
+    mean, whitening = _rounded(mean), _rounded(np.linalg.inv(np.linalg.cholesky(covariance)))
     held = OodModel(mean, whitening, np.inf).scores(observations[held_rows])
-    threshold = float(np.quantile(held, 1.0 - false_alarm / 2, method="higher"))
+    threshold = float(_rounded(np.quantile(held, 1.0 - false_alarm / 2, method="higher")))
     confidence = observations[held_rows, CONFIDENCE_INDEX]
     floor = float(np.quantile(confidence, false_alarm / 2, method="lower"))
     flagged = (held > threshold) | (confidence < floor)
@@ -55,6 +60,17 @@ def fit_ood(observations: np.ndarray, false_alarm: float, seed: int = 0) -> dict
         "calibration_rows": len(held_rows),
         "calibration_false_alarm": float(np.mean(flagged)),
     }
+
+
+def _rounded(values: np.ndarray | float) -> np.ndarray:
+    """`values` rounded to SIGNIFICANT_DIGITS of their largest magnitude (so a whitening
+    matrix's 1e-17 round-off becomes 0), negative zeros made positive."""
+    values = np.asarray(values, dtype=np.float64)
+    largest = float(np.max(np.abs(values), initial=0.0))
+    if largest == 0.0 or not np.isfinite(largest):
+        return values
+    decimals = SIGNIFICANT_DIGITS - 1 - int(np.floor(np.log10(largest)))
+    return np.round(values, decimals) + 0.0
 
 
 def _split(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -39,7 +39,8 @@ def test_the_folder_holds_onnx_ood_and_a_parity_record_and_onnx_acts_as_torch(tm
     folder, record = save_policy_for_edge(net, tmp_path / "policy", obs, 0.01)
     for name in (ONNX_FILE, OOD_FILE, EXPORT_FILE, "model.safetensors", "config.json"):
         assert (folder / name).is_file(), name
-    assert json.loads((folder / EXPORT_FILE).read_text()) == record
+    written = json.loads((folder / EXPORT_FILE).read_text())
+    assert written == {k: v for k, v in record.items() if k != "parity_max_abs_diff"}
     assert record["parity_observations"] == 3000 and record["parity_passed"] is True
     assert record["parity_max_abs_diff"] <= 1e-5
     session = PolicySession(folder, min_confidence=0.3)
