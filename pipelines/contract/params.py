@@ -235,8 +235,10 @@ class DriftParams:
     max_lag_steps: int
     jitter_clearance_m: float
     contact_band_m: float  # a pushing step: the part seen this close to its contact circle
-    novel_tolerance_m: float  # part sizes: one within this of enough baseline sizes is known
-    novel_share: float  # ...and this much more of the current than of the baseline is new
+    # part sizes: one within novel_tolerance_m of enough baseline sizes is known, and
+    # novel_share more of the current than of the baseline unknown is a new variant
+    novel_tolerance_m: PositiveFloat
+    novel_share: Annotated[float, Field(gt=0, le=1)]
     min_drifted_features: int
     min_new_edge_cases: int
 

@@ -42,3 +42,19 @@ def test_the_simulator_is_named_by_import_path_and_required(tmp_path, params_pat
     bad.write_text(yaml.safe_dump(settings))
     with pytest.raises(ParamsError, match=r"params.yaml: simulator: Field required"):
         load_params(bad)
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [("novel_share", "0"), ("novel_share", "1.5"), ("novel_tolerance_m", "-0.001")],
+)
+def test_the_part_size_drift_settings_are_range_checked(tmp_path, params_path, setting, value):
+    import yaml
+
+    settings = yaml.safe_load(params_path.read_text())
+    settings["drift"][setting] = float(value)
+    bad = tmp_path / "params.yaml"
+    bad.write_text(yaml.safe_dump(settings))
+    with pytest.raises(ParamsError, match=rf"params.yaml: drift\.{setting}: ") as err:
+        load_params(bad)
+    assert "\n" not in str(err.value)
