@@ -3,8 +3,10 @@
 Reference cells run as processes (`realloop cell run`) in a workspace of their own, each on its
 own line with its dated events (camera knocked, new part variant, drive wear, winter light).
 Production shifts start at fixed times of the line's day (`campaign.shifts_per_day`) and the
-cell clock runs `campaign.speed` times the wall, so a simulated day takes 86,400 / speed wall
-seconds and the campaign's length is known in advance. After each day's shifts have landed, the
+cell clock runs at most `campaign.speed` times the wall (a day in 86,400 / speed wall seconds),
+and no further than the campaign lets it: each line is held at noon of the day the campaign
+works on (flows.campaign_days.hold_line), so a slow loop slows the line's days instead of
+letting the line run ahead of the figures that judge it. After each day's shifts have landed, the
 campaign ingests them and, per cell, compares the day's shift with the day before's (drift,
 new edge cases); the loop (`loop_flow`, as a black box) runs for the cells that triggered, and
 for any cell whose last cycle is `campaign.floor_days` old (the cron's floor). Then every
@@ -241,6 +243,8 @@ def _running_cells(campaign: Campaign, root_json: Path):
 
 
 def _start_cell(campaign: Campaign, cell: str, root_json: Path, index: int) -> subprocess.Popen:
+    from flows.campaign_days import HOLD_FILE, hold_line
+
     settings, params = campaign.settings, campaign.params
     box = campaign.box(cell)
     box.mkdir(parents=True, exist_ok=True)
@@ -250,6 +254,8 @@ def _start_cell(campaign: Campaign, cell: str, root_json: Path, index: int) -> s
     command += ["--episodes-per-shift", str(settings.episodes_per_shift)]
     command += ["--speed", str(settings.speed), "--seed", str(campaign.seed + 1000 + index)]
     command += ["--shifts-per-day", str(settings.shifts_per_day), "--no-ground-truth"]
+    hold_line(box, 0)
+    command += ["--hold-file", str(box / HOLD_FILE)]
     command += ["--root", str(root_json), "--params", str(campaign.params_path)]
     log = campaign.root / "logs" / f"{cell}.log"
     log.parent.mkdir(exist_ok=True)
@@ -314,23 +320,17 @@ def _wait_for_day(campaign: Campaign, ledger: DayLedger, day: int) -> None:
 
 def _one_day(campaign: Campaign, ledger: DayLedger, cache: EvalCache, day: int) -> None:
     """Drift and triggers, the loop where due, then the day's held-out figures per cell."""
+    from flows.campaign_days import hold_line
+
     rows = {cell: _day_row(campaign, ledger, cell, day) for cell in campaign.cells}
     before = {cell: snapshot_production(campaign.box(cell), _store(campaign)) for cell in rows}
-    due = [cell for cell, row in rows.items() if row["trigger"]]
-    if due:
-        for summary_row in _run_loop(campaign, due):
-            row = rows[summary_row["cell"]]
-            row["loop"] = {"ran": True, **summary_row}
-            campaign.last_cycle[summary_row["cell"]] = day
+    _loop_where_due(campaign, rows, day)
+    for cell in campaign.cells:  # the next day's shifts record while today's figures are made
+        hold_line(campaign.box(cell), day + 1)
     jobs: dict[tuple[str, str], EvalJob] = {}  # (cell, what) → its evaluation
     for cell, row in rows.items():
-        row.setdefault("loop", {"ran": False})
-        promoted = row["loop"].get("promoted_version")
-        if promoted is not None:
-            _wait_for_activation(campaign.box(cell), promoted)
         folder, active = snapshot_production(campaign.box(cell), _store(campaign))
         row["production_model"] = {"policy": str(folder), "model_version": active["model_version"]}
-        row["promoted"] = promoted is not None
         policies = _policies(campaign, cell, str(folder))
         if row["promoted"]:
             policies["replaced"] = str(before[cell][0])
@@ -356,13 +356,29 @@ def _one_day(campaign: Campaign, ledger: DayLedger, cache: EvalCache, day: int) 
         campaign.records[cell]["days"].append(row)
 
 
+def _loop_where_due(campaign: Campaign, rows: dict[str, dict], day: int) -> None:
+    """The loop for the cells whose row has a trigger; each promoted model active on its box
+    before the line moves on (the next day's shift must run it)."""
+    due = [cell for cell, row in rows.items() if row["trigger"]]
+    if due:
+        for summary_row in _run_loop(campaign, due):
+            rows[summary_row["cell"]]["loop"] = {"ran": True, **summary_row}
+            campaign.last_cycle[summary_row["cell"]] = day
+    for cell, row in rows.items():
+        row.setdefault("loop", {"ran": False})
+        promoted = row["loop"].get("promoted_version")
+        row["promoted"] = promoted is not None
+        if promoted is not None:
+            _wait_for_activation(campaign.box(cell), promoted)
+
+
 def _store(campaign: Campaign) -> Path:
     return campaign.root / "models" / "production"
 
 
 def _day_row(campaign: Campaign, ledger: DayLedger, cell: str, day: int) -> dict:
     """What the day's shift says: events applied, drift, and why the loop is due (or not)."""
-    from flows.campaign_days import day_drift, part_mix_rise
+    from flows.campaign_days import day_drift, line_day_reached, part_mix_rise
 
     timeline = campaign.timelines[cell]
     applied = events_on_day(timeline, day)
@@ -388,15 +404,10 @@ def _day_row(campaign: Campaign, ledger: DayLedger, cell: str, day: int) -> dict
         "part_mix": parts,
         "ood_episodes": _ood_episodes(ledger, cell, day),  # recorded, not a trigger (params.yaml)
         "trigger": reasons,
-        # Where the cell's line is as the campaign takes the day up: a loop slower than a day
-        # lets the line run ahead, and its trials then meet a later day's line.
-        "line_day_at_processing": round(_line_day_now(ledger.epochs[cell], campaign), 2),
+        # Where the cell's line is as the campaign takes the day up: held (hold_line), it
+        # stays within the day, so the loop's trials meet the line of the day they judge.
+        "line_day_at_processing": line_day_reached(campaign.box(cell), ledger.epochs[cell]),
     }
-
-
-def _line_day_now(epoch_ns: int, campaign: Campaign) -> float:
-    """The cell clock starts at the wall time of day 0 and runs `speed` times the wall."""
-    return (time.time_ns() - epoch_ns) * campaign.settings.speed / 86_400e9
 
 
 def _ood_episodes(ledger: DayLedger, cell: str, day: int) -> int:

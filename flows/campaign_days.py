@@ -26,6 +26,11 @@ from pipelines.contract.params import Params
 
 DAY_NS = 86_400 * 1_000_000_000
 EPOCH_FILE = "line-epoch.json"  # in a cell's box: when its line's day 0 began (refcell writes it)
+CLOCK_FILE = "cell-clock.json"  # in a cell's box: the cell time its latest episode reached
+HOLD_FILE = "line-hold.json"  # in a cell's box: how far the campaign lets the line run (below)
+# The campaign holds each line at noon of the day it works on: that day's shift (from midnight)
+# has run, the loop's trials meet that day's line, and the next shift waits for the figures.
+HOLD_AT_DAY = 0.5
 
 Tables = tuple[pa.Table, pa.Table]  # (episodes, steps)
 
@@ -36,6 +41,27 @@ def read_epoch(box: Path) -> int | None:
         return int(json.loads((Path(box) / EPOCH_FILE).read_text())["epoch_ns"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def line_day_reached(box: Path, epoch_ns: int) -> float | None:
+    """The line day a cell's latest episode reached, to 0.01 (None before its first)."""
+    try:
+        cell_ns = int(json.loads((Path(box) / CLOCK_FILE).read_text())["cell_time_ns"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return round((cell_ns - epoch_ns) / DAY_NS, 2)
+
+
+def hold_line(box: Path, day: int) -> None:
+    """Let the cell's line run to noon of `day` and no further (`realloop cell run
+    --hold-file`): a slow loop then slows the line's days instead of letting it run ahead,
+    so its trials meet the line of the day it works on, and the cells record no shifts that
+    nobody reads. Written atomically: the cell reads it while it idles."""
+    path = Path(box) / HOLD_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f".{path.name}.partial")
+    temp.write_text(json.dumps({"through_day": day + HOLD_AT_DAY}) + "\n")
+    temp.replace(path)
 
 
 def shift_starts_ns(episode_ids: list[str]) -> np.ndarray:

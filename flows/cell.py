@@ -350,6 +350,14 @@ def run_cell(
             "idles between them (default: back to back)",
         ),
     ] = None,
+    hold_file: Annotated[
+        Path | None,
+        typer.Option(
+            help='a harness\'s hold on the line: a JSON file {"through_day": x}; the clock idles '
+            "no further than line day x, so the line keeps pace with the harness "
+            "(realloop campaign writes it; default: the wall's pace only)",
+        ),
+    ] = None,
     params_path: ParamsOpt = Path("params.yaml"),
     as_json: Annotated[
         bool, typer.Option("--json", help="a JSON summary on stdout at exit")
@@ -376,7 +384,9 @@ def run_cell(
     config = CellRunConfig(
         cell_id, world, channel, landing, box, episodes_per_shift, seed, speed, poll_s, ground_truth
     )
-    config = dataclasses.replace(config, max_shifts=shifts, shifts_per_day=shifts_per_day)
+    config = dataclasses.replace(
+        config, max_shifts=shifts, shifts_per_day=shifts_per_day, hold_file=hold_file
+    )
     try:
         process = CellProcess(
             config,

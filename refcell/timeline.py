@@ -31,6 +31,9 @@ from refcell.world import PartVariant, World, read_world_file
 
 DAY_NS = 86_400 * 1_000_000_000
 EPOCH_FILE = "line-epoch.json"  # in the cell's box: when the line's day 0 began
+# `{"through_day": x}`, written by a harness that runs many line days (`realloop campaign`):
+# the line idles no further than its day x, so it keeps pace with the work that watches it.
+HOLD_FILE = "line-hold.json"
 _STRICT = ConfigDict(extra="forbid")
 
 
@@ -134,3 +137,13 @@ def line_epoch_ns(box: Path, now_ns: int) -> int:
 
 def line_day(epoch_ns: int, cell_ns: int) -> float:
     return (cell_ns - epoch_ns) / DAY_NS
+
+
+def held_until_ns(hold_file: Path, epoch_ns: int, now_ns: int) -> int:
+    """The cell time `hold_file` lets the line idle to. Not there yet or unreadable: where the
+    line is now (the harness has not moved it on; it writes the file atomically)."""
+    try:
+        through_day = float(json.loads(Path(hold_file).read_text())["through_day"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return now_ns
+    return epoch_ns + round(through_day * DAY_NS)

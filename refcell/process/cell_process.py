@@ -28,7 +28,7 @@ from refcell.process.line import Line, scheduled_start_ns
 from refcell.process.production import Production
 from refcell.process.trials import TrialRunner
 from refcell.process.uploader import LandingUploader
-from refcell.timeline import load_timeline
+from refcell.timeline import held_until_ns, load_timeline
 from refcell.world import load_world
 
 UPLOADED_DIR = "uploaded"
@@ -54,6 +54,9 @@ class CellRunConfig:
     # episodes_per_shift episodes; the clock idles between (trials still run on request), so
     # a day takes 86,400 / speed wall seconds. None: production runs back to back.
     shifts_per_day: int | None = None
+    # A harness's hold on the line (refcell.timeline.HOLD_FILE): idling stops at the line day
+    # it names. None: the line keeps the wall's pace only.
+    hold_file: Path | None = None
 
 
 class CellProcess:
@@ -80,6 +83,9 @@ class CellProcess:
             on_shift_end=lambda shift: self.production.end_shift(shift),
             timeline=load_timeline(config.world),
         )
+        if config.hold_file is not None:
+            hold_file, clock = Path(config.hold_file), self.clock
+            clock.hold_ns = lambda: held_until_ns(hold_file, self.line.epoch_ns, clock.now_ns())
         self.uploader = LandingUploader(config.landing, box / UPLOADED_DIR, config.cell_id)
         sim = load_world("sim") if config.ground_truth else None
         self.production = Production(
@@ -184,6 +190,8 @@ class CellProcess:
         if self._scheduled_ns is not None and due <= self._scheduled_ns:
             return False
         self._scheduled_ns, self._owed = due, self.config.episodes_per_shift
+        if self.line.shift is not None:  # opened by trials before this start
+            self.line.end_shift()
         return True
 
     def _end_scheduled_shift(self) -> None:

@@ -5,6 +5,11 @@ work stamped with a cell time waits until `start + speed * elapsed` has reached 
 clock never runs ahead of that (slow simulation only makes it slower). A box keeps the latest
 cell time it used, and a restarted cell starts after it, so names built from cell times (shift
 ids, log files) never repeat although the clock runs ahead of the wall.
+
+A harness that simulates many days (`realloop campaign`) can also hold the line: idle time
+then stops at the cell time the harness allows, so the line never runs ahead of the work that
+watches it, however slow the machine (`hold_ns`; the cell's work itself is never held, so a
+trial requested at the hold still runs).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ class CellClock:
     so slow simulation makes the cell clock slower, never faster or jumpy.
 
     Sleeps end early once `stop` is set, so a stopping cell finishes its episode at full speed.
+    `hold_ns`, when given, answers the latest cell time idling may reach (None: no hold).
     """
 
     def __init__(
@@ -35,6 +41,7 @@ class CellClock:
         start_ns: int | None = None,
         stop: threading.Event | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        hold_ns: Callable[[], int | None] = lambda: None,
     ):
         if speed <= 0:
             raise ValueError(f"--speed {speed}: the clock's speed must be positive")
@@ -44,6 +51,7 @@ class CellClock:
         self._monotonic = monotonic
         self._started = monotonic()
         self._now_ns = self.start_ns
+        self.hold_ns = hold_ns
 
     def limit_ns(self) -> int:
         return self.start_ns + int((self._monotonic() - self._started) * self.speed * NS)
@@ -62,8 +70,9 @@ class CellClock:
         self._now_ns = max(self._now_ns, cell_ns)
 
     def catch_up(self) -> None:
-        """An idle cell's clock runs at full speed: move it to the limit."""
-        self._now_ns = max(self._now_ns, self.limit_ns())
+        """An idle cell's clock runs at full speed: move it to the limit, or to the hold."""
+        limit, hold = self.limit_ns(), self.hold_ns()
+        self._now_ns = max(self._now_ns, limit if hold is None else min(limit, hold))
 
 
 def resumed_start_ns(box: Path, now_ns: int | None = None) -> int:

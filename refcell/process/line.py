@@ -148,9 +148,14 @@ class Line:
 
     def _end_shift_if_full(self) -> None:
         if self.shift is not None and self.shift.full:
-            ended, self.shift = self.shift, None
-            self.shifts_ended += 1
-            self.on_shift_end(ended)
+            self.end_shift()
+
+    def end_shift(self) -> None:
+        """End the open shift now, its slots left unused (a scheduled production start ends
+        the shift trials opened before it: the day's production gets that day's line)."""
+        ended, self.shift = self.shift, None
+        self.shifts_ended += 1
+        self.on_shift_end(ended)
 
 
 def scheduled_start_ns(epoch_ns: int, shifts_per_day: int, now_ns: int) -> int:

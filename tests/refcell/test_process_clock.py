@@ -87,3 +87,17 @@ def test_a_restart_begins_after_the_previous_runs_latest_cell_time(tmp_path):
 
 def test_stamps_are_utc_seconds():
     assert stamp(START) == "20261130T005320Z"
+
+
+def test_a_held_clock_idles_no_further_than_the_hold_but_work_is_never_held():
+    hold = {"ns": START + 90 * NS}
+    cell, wall = clock(60.0)
+    cell.hold_ns = lambda: hold["ns"]
+    wall.t += 10.0  # the wall allows 600 s of cell time; the hold allows 90
+    cell.catch_up()
+    assert cell.now_ns() == START + 90 * NS
+    cell.advance_to(START + 300 * NS)  # a trial's episode past the hold runs, unpaced
+    assert wall.slept == [] and cell.now_ns() == START + 300 * NS
+    hold["ns"] = START + 10_000 * NS  # the harness moves the hold on: the wall limits again
+    cell.catch_up()
+    assert cell.now_ns() == START + 600 * NS

@@ -74,11 +74,43 @@ def test_starts_missed_while_busy_are_taken_once_not_replayed():
 
 def test_a_shift_trials_left_open_is_closed_when_production_owes_nothing():
     process, _, closed = paced()
-    process.line.shift = SimpleNamespace(shift_id="trial-opened")  # trials took slots first
     record_shift(process)
+    process.line.shift = SimpleNamespace(shift_id="trial-opened")  # trials took its last slot
+    process._owed = 1
+    process._end_scheduled_shift()
     assert closed == [1]  # the day's production log is uploaded the day it ran
+
+
+def test_a_scheduled_start_ends_the_shift_trials_opened_before_it():
+    process, wall, _ = paced()
+    ended: list[str] = []
+    process.line.end_shift = lambda: ended.append(process.line.shift.shift_id)
+    record_shift(process)
+    process.line.shift = SimpleNamespace(shift_id="trials-of-day-0")  # still open at midnight
+    wall.t += 1.0
+    assert process._production_due()  # day 1's start: production gets a shift of its own
+    assert ended == ["trials-of-day-0"]
 
 
 def test_without_a_schedule_production_runs_back_to_back():
     process, _, closed = paced(shifts_per_day=None)
     assert record_shift(process) == 10 * EPISODES and closed == []
+
+
+def test_a_held_line_records_the_next_days_shift_only_once_the_hold_moves_on(tmp_path):
+    from flows.campaign_days import HOLD_FILE, hold_line
+    from refcell.timeline import held_until_ns
+
+    process, wall, _ = paced()
+    hold_file = tmp_path / HOLD_FILE
+    clock = process.clock
+    clock.hold_ns = lambda: held_until_ns(hold_file, START, clock.now_ns())
+    assert record_shift(process) == EPISODES  # no hold written yet: day 0's shift, then wait
+    wall.t += 3.0  # three line days of wall time pass while the campaign works on day 0
+    assert record_shift(process) == 0 and clock.now_ns() == START
+    hold_line(tmp_path, 0)  # the campaign's hold: noon of day 0
+    assert record_shift(process) == 0 and clock.now_ns() == START + DAY_NS // 2
+    hold_line(tmp_path, 1)  # day 0 done: day 1's shift records at once, and only it
+    assert record_shift(process) == EPISODES
+    assert clock.now_ns() == START + DAY_NS + DAY_NS // 2
+    assert record_shift(process) == 0
