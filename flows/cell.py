@@ -351,12 +351,7 @@ def run_cell(
         ),
     ] = None,
     hold_file: Annotated[
-        Path | None,
-        typer.Option(
-            help='a harness\'s hold on the line: a JSON file {"through_day": x}; the clock idles '
-            "no further than line day x, so the line keeps pace with the harness "
-            "(realloop campaign writes it; default: the wall's pace only)",
-        ),
+        Path | None, typer.Option(help='{"through_day": x}: idle no further than line day x')
     ] = None,
     params_path: ParamsOpt = Path("params.yaml"),
     as_json: Annotated[
@@ -384,9 +379,8 @@ def run_cell(
     config = CellRunConfig(
         cell_id, world, channel, landing, box, episodes_per_shift, seed, speed, poll_s, ground_truth
     )
-    config = dataclasses.replace(
-        config, max_shifts=shifts, shifts_per_day=shifts_per_day, hold_file=hold_file
-    )
+    config = dataclasses.replace(config, max_shifts=shifts, shifts_per_day=shifts_per_day)
+    config = dataclasses.replace(config, hold_file=hold_file)
     try:
         process = CellProcess(
             config,
