@@ -8,7 +8,11 @@ alternate episode by episode (candidate, incumbent, ...) in the shift's slots, o
 each arm into its own logs whose `realloop` metadata names the request, the arm and the
 attempt. The gate is sequential (pipelines.release.sequential): a request names its planned
 looks, and at each look the cell closes the attempt's logs and uploads them, so the loop can
-judge and stop the trials early (it withdraws the request once the gate has decided). A
+judge them. The design is fixed in the request, so the cell applies the same test at each look
+(pipelines.release.gate.sequential_stop) and ends the attempt as soon as it has decided, or at
+once on a candidate safety stop: the robot stops on the episodes the gate will judge, however
+long the loop takes to look (it was busy building the next cell's candidates, and the cells
+ran every trial to its cap). The loop also closes a request once it has judged it. A
 withdrawn request, a stop or a kill abandons the attempt: what was recorded since the last look
 is deleted, never uploaded. Completed requests are remembered in `<box>/trials/<request_id>.done`.
 """
@@ -29,7 +33,9 @@ from edge.errors import EdgeError, NothingPublishedError
 from edge.trials import ARMS, fetch_signed_arm, signed_requests
 from edge.tuf_client import SignedChannel
 from pipelines.contract.params import CellParams, RecordParams
-from pipelines.release.sequential import Design
+from pipelines.release.gate import sequential_stop
+from pipelines.release.sequential import CONTINUE, Design
+from pipelines.release.trials import request_design
 from refcell.process.clock import stamp
 from refcell.process.line import TRIAL, Line, Shift
 from refcell.process.uploader import LandingUploader
@@ -137,8 +143,8 @@ class TrialRunner:
             arms["incumbent"][0],
         )
         try:
-            looks = _look_sizes(request, episodes)
-            outcomes = self._episodes(rid, attempt_id, folder, arms, episodes, looks)
+            design = request_design(request)
+            outcomes = self._episodes(rid, attempt_id, folder, arms, episodes, design)
         except AttemptAbandoned as exc:
             shutil.rmtree(folder, ignore_errors=True)
             log.warning(
@@ -164,17 +170,19 @@ class TrialRunner:
         attempt_id: str,
         folder: Path,
         arms: dict[str, tuple[str, Controller]],
-        episodes: int,
-        looks: set[int],
+        cap: int,
+        design: Design | None,
     ) -> dict[str, dict[str, int]]:
+        """Both arms, interleaved, until the request's cap or the sequential test decides."""
         recorders: dict[str, ShiftRecorder] = {}
-        successes = dict.fromkeys(ARMS, 0)
+        outcomes = _ArmOutcomes()
+        looks = set() if design is None else {int(size) for size in design.look_sizes()}
         try:
-            for i in range(episodes * len(ARMS)):
+            while outcomes.pairs() < cap:
                 if self.stop.is_set():
                     raise AttemptAbandoned("the cell is stopping")
                 self._check_still_open(rid)
-                arm = ARMS[i % len(ARMS)]
+                arm = ARMS[outcomes.episodes() % len(ARMS)]
                 bundle_id, controller = arms[arm]
                 slot = self.line.take()
                 recorder = recorders.get(arm)
@@ -189,15 +197,27 @@ class TrialRunner:
                     recorder = recorders[arm] = self._recorder(
                         folder, slot.shift, bundle_id, metadata
                     )
-                result = self.line.run(slot, controller, recorder, None, TRIAL)
-                successes[arm] += result.success
-                pairs, last_arm = divmod(i + 1, len(ARMS))
-                if last_arm == 0 and pairs in looks and pairs < episodes:
-                    self._upload_look(folder, recorders, rid, pairs)
+                outcomes.add(arm, self.line.run(slot, controller, recorder, None, TRIAL))
+                if outcomes.episodes() % len(ARMS):
+                    continue  # judged on whole pairs only, as the gate does
+                decided = outcomes.decided(design)
+                if decided is not None and outcomes.pairs() < cap:
+                    log.info(
+                        "%s: trial %s: the sequential test decided (%s) at %d episodes per arm; "
+                        "no more trial episodes",
+                        self.cell_id,
+                        rid,
+                        decided,
+                        outcomes.pairs(),
+                    )
+                if decided is not None:
+                    break
+                if outcomes.pairs() in looks and outcomes.pairs() < cap:
+                    self._upload_look(folder, recorders, rid, outcomes.pairs())
         finally:
             for recorder in recorders.values():
                 recorder.close()
-        return {arm: {"episodes": episodes, "successes": successes[arm]} for arm in ARMS}
+        return outcomes.report()
 
     def _upload_look(
         self, folder: Path, recorders: dict[str, ShiftRecorder], rid: str, pairs: int
@@ -309,12 +329,36 @@ class TrialRunner:
         return self.folder / f"{rid}.done"
 
 
-def _look_sizes(request: dict[str, Any], episodes: int) -> set[int]:
-    """Episodes per arm at each look the request's sequential gate plans (none: one at the end)."""
-    gate = request.get("gate")
-    if not isinstance(gate, dict):
-        return set()
-    design = Design(
-        gate["alpha"], gate["margin"], gate["looks"], gate["futility_power"], max_pairs=episodes
-    )
-    return {int(size) for size in design.look_sizes()}
+class _ArmOutcomes:
+    """Each arm's successes, and the candidate's safety stops, in the order they ran."""
+
+    def __init__(self):
+        self.success: dict[str, list[bool]] = {arm: [] for arm in ARMS}
+        self.candidate_stops: list[int] = []
+
+    def add(self, arm: str, result) -> None:
+        self.success[arm].append(bool(result.success))
+        if arm == "candidate":
+            self.candidate_stops.append(int(result.safety_stop is not None))
+
+    def episodes(self) -> int:
+        return sum(len(runs) for runs in self.success.values())
+
+    def pairs(self) -> int:
+        return min(len(runs) for runs in self.success.values())
+
+    def decided(self, design: Design | None) -> str | None:
+        """Why the request's sequential test stops on the pairs so far (efficacy, futility,
+        safety), or None while it goes on (and always without a design: cap only)."""
+        if design is None:
+            return None
+        why, _ = sequential_stop(
+            design, self.success["candidate"], self.success["incumbent"], self.candidate_stops
+        )
+        return None if why == CONTINUE else why
+
+    def report(self) -> dict[str, dict[str, int]]:
+        return {
+            arm: {"episodes": len(runs), "successes": int(sum(runs))}
+            for arm, runs in self.success.items()
+        }

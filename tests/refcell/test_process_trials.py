@@ -3,6 +3,7 @@ arms interleaved, trial metadata on every log, logs uploaded at each look of the
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from datetime import UTC, datetime, timedelta
@@ -161,8 +162,9 @@ def test_each_planned_look_uploads_the_logs_so_far_and_a_withdrawal_keeps_them(r
     """A sequential gate's request: the loop can judge at each look and stop the trials."""
     request = {
         **rig.request,
-        "gate": {"alpha": 0.05, "margin": 0.02, "looks": 3, "futility_power": 0.05},
-    }  # looks after 1, 2, 3 pairs
+        "gate": {"alpha": 0.05, "margin": 0.02, "looks": 3, "futility_power": 0.0},
+    }  # looks after 1, 2, 3 pairs; no futility stop, and 2 pairs never show efficacy
+    forced_outcomes(rig, {"safety_stop": None}, {})  # the untrained candidate may hit a limit
     run = rig.line.run
     seen: list[int] = []
 
@@ -179,6 +181,59 @@ def test_each_planned_look_uploads_the_logs_so_far_and_a_withdrawal_keeps_them(r
     landed = landed_episodes(rig.landing)
     assert [row["trial_arm"] for row in landed] == ["candidate", "incumbent"]
     assert not list((rig.box / "trials").glob(f"{rig.request_id}/*"))  # the rest deleted
+
+
+def forced_outcomes(rig, candidate: dict, incumbent: dict) -> list[str]:
+    """Make the line report each arm's episodes with these fields (success, safety stop),
+    as if the arms did so; returns the arms run, in order."""
+    run, arms = rig.line.run, []
+
+    def forced(slot, controller, recorder, operator, kind):
+        result = run(slot, controller, recorder, operator, kind)
+        arm = "candidate" if len(arms) % 2 == 0 else "incumbent"
+        arms.append(arm)
+        return dataclasses.replace(result, **(candidate if arm == "candidate" else incumbent))
+
+    rig.line.run = forced
+    return arms
+
+
+def test_the_cell_stops_its_trials_at_the_look_where_the_sequential_test_decided(rig):
+    """The robot stops at the gate's decision even when the loop is too busy to look: a
+    candidate failing every episode against an incumbent that never fails is futile at the
+    first of four looks (10 of 40 episodes per arm), and nothing more runs."""
+    request = publish_request(
+        rig.channel,
+        {
+            **rig.document,
+            "request_id": new_request_id(CELL),
+            "episodes_per_arm": 40,
+            "gate": {"alpha": 0.05, "margin": 0.02, "looks": 4, "futility_power": 0.1},
+        },
+        rig.signing,
+    )
+    arms = forced_outcomes(rig, {"success": False, "safety_stop": None}, {"success": True})
+    assert rig.runner.run(request) == "complete"
+    assert len(arms) == 20
+    done = json.loads((rig.box / "trials" / f"{request['request_id']}.done").read_text())
+    assert done["candidate"] == {
+        "bundle_id": rig.bundles["candidate"],
+        "episodes": 10,
+        "successes": 0,
+    }
+    assert done["incumbent"]["episodes"] == 10 and done["incumbent"]["successes"] == 10
+    assert len(landed_episodes(rig.landing)) == 20  # every episode the gate judges went up
+
+
+def test_a_candidate_safety_stop_ends_the_trials_at_its_pair(rig):
+    request = {
+        **rig.request,
+        "episodes_per_arm": 3,
+        "gate": {"alpha": 0.05, "margin": 0.02, "looks": 3, "futility_power": 0.0},
+    }
+    arms = forced_outcomes(rig, {"safety_stop": "force limit"}, {})
+    assert rig.runner.run(request) == "complete"
+    assert arms == ["candidate", "incumbent"]  # the pair is finished, then nothing more
 
 
 def test_a_stop_mid_attempt_uploads_nothing(rig):
