@@ -8,8 +8,9 @@ and no further than the campaign lets it: each line is held at noon of the day t
 works on (flows.campaign_days.hold_line), so a slow loop slows the line's days instead of
 letting the line run ahead of the figures that judge it. After each day's shifts have landed, the
 campaign ingests them and, per cell, compares the day's shift with the day before's (drift,
-new edge cases); the loop (`loop_flow`, as a black box) runs for the cells that triggered, and
-for any cell whose last cycle is `campaign.floor_days` old (the cron's floor). Then every
+new edge cases); the loop (`loop_flow`, as a black box) runs for the cells that triggered, once
+more the day after a cycle that answered a change promoted nothing, and for any cell whose
+last cycle is `campaign.floor_days` old (the cron's floor). Then every
 cell's production model (the active release on its box), the frozen sim policy, a policy
 calibrated once on the first day's shift and the privileged expert are evaluated on the line as
 it is that day, on held-out seeds (flows.campaign_eval). `campaign.json`, `campaign.png` and one
@@ -70,6 +71,7 @@ class Campaign:
     timelines: dict[str, list[dict]] = field(default_factory=dict)
     records: dict[str, dict] = field(default_factory=dict)
     last_cycle: dict[str, int] = field(default_factory=dict)
+    retry_on: dict[str, int] = field(default_factory=dict)  # cell → day its loop runs again
     calibrated: dict[str, str] = field(default_factory=dict)  # cell → calibrated-once folder
     calibration_errors: dict[str, str] = field(default_factory=dict)
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
@@ -358,7 +360,10 @@ def _one_day(campaign: Campaign, ledger: DayLedger, cache: EvalCache, day: int) 
 
 def _loop_where_due(campaign: Campaign, rows: dict[str, dict], day: int) -> None:
     """The loop for the cells whose row has a trigger; each promoted model active on its box
-    before the line moves on (the next day's shift must run it)."""
+    before the line moves on (the next day's shift must run it). A cycle that answered a
+    change and promoted nothing is due again tomorrow (flows.campaign_days.CHANGE_TRIGGERS)."""
+    from flows.campaign_days import answers_a_change
+
     due = [cell for cell, row in rows.items() if row["trigger"]]
     if due:
         for summary_row in _run_loop(campaign, due):
@@ -370,6 +375,8 @@ def _loop_where_due(campaign: Campaign, rows: dict[str, dict], day: int) -> None
         row["promoted"] = promoted is not None
         if promoted is not None:
             _wait_for_activation(campaign.box(cell), promoted)
+        elif row["loop"]["ran"] and answers_a_change(row["trigger"]):
+            campaign.retry_on[cell] = day + 1  # once: a retry is no change (loop_triggers)
 
 
 def _store(campaign: Campaign) -> Path:
@@ -378,21 +385,21 @@ def _store(campaign: Campaign) -> Path:
 
 def _day_row(campaign: Campaign, ledger: DayLedger, cell: str, day: int) -> dict:
     """What the day's shift says: events applied, drift, and why the loop is due (or not)."""
-    from flows.campaign_days import day_drift, line_day_reached, part_mix_rise
+    from flows.campaign_days import day_drift, line_day_reached, loop_triggers, part_mix_rise
 
     timeline = campaign.timelines[cell]
     applied = events_on_day(timeline, day)
     drift = day_drift(ledger, cell, day)
     captures = campaign.root / campaign.params.ingest.landing / "captures"
     parts = part_mix_rise(ledger, cell, day, captures)
-    reasons = []
-    if drift is not None and drift["detected"]:
-        reasons.append(f"drift: {', '.join(drift['drifted_features'])}")
-    if parts is not None and parts["detected"]:
-        reasons.append(f"new parts: {parts['now']} non-standard, {parts['before']} the day before")
-    last = campaign.last_cycle.get(cell)
-    if not reasons and (last is None or day - last >= campaign.settings.floor_days):
-        reasons.append("floor: no cycle yet" if last is None else f"floor: last cycle day {last}")
+    reasons = loop_triggers(
+        drift,
+        parts,
+        day,
+        campaign.last_cycle.get(cell),
+        campaign.retry_on.get(cell) == day,
+        campaign.settings.floor_days,
+    )
     return {
         "day": day,
         "events_applied": applied,

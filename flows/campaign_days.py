@@ -193,6 +193,43 @@ def day_drift(ledger: DayLedger, cell: str, day: int) -> dict | None:
     }
 
 
+# The triggers that say the line changed. A cycle that answered one and promoted nothing runs
+# again the next day, once, on a day more of the changed line: the first cycle after a change
+# holds the change's only shift out for the pre-screen and fine-tunes on the line before it.
+# `realloop drift` retries by itself (its baseline is production's training data, so a change
+# nothing answered keeps triggering); the campaign's day-to-day drift must be told.
+CHANGE_TRIGGERS = ("drift:", "new parts:")
+
+
+def loop_triggers(
+    drift: dict | None,
+    parts: dict | None,
+    day: int,
+    last_cycle: int | None,
+    retry: bool,
+    floor_days: int,
+) -> list[str]:
+    """Why the loop runs for a cell on `day` ([]: it does not): the day's drift and part mix
+    (day_drift, part_mix_rise), else a retry of yesterday's unanswered change, else the floor."""
+    reasons = []
+    if drift is not None and drift["detected"]:
+        reasons.append(f"drift: {', '.join(drift['drifted_features'])}")
+    if parts is not None and parts["detected"]:
+        reasons.append(f"new parts: {parts['now']} non-standard, {parts['before']} the day before")
+    if not reasons and retry:
+        reasons.append(f"retry: day {day - 1}'s cycle answered a change and promoted nothing")
+    if not reasons and (last_cycle is None or day - last_cycle >= floor_days):
+        reasons.append(
+            "floor: no cycle yet" if last_cycle is None else f"floor: last cycle day {last_cycle}"
+        )
+    return reasons
+
+
+def answers_a_change(triggers: list[str]) -> bool:
+    """The loop ran because the line changed (not the floor, not a retry)."""
+    return any(reason.startswith(CHANGE_TRIGGERS) for reason in triggers)
+
+
 def part_mix_rise(ledger: DayLedger, cell: str, day: int, captures_dir: Path | None) -> dict | None:
     """A new part variant on the line: the share of the day's episodes whose part is not the
     cell's standard one (pipelines.quality.triage.selection, from the captures' snapshots and

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from flows.campaign_days import DayLedger, part_mix_rise
+from flows.campaign_days import DayLedger, answers_a_change, loop_triggers, part_mix_rise
 from pipelines.contract.params import load_params
 from tests.conftest import ROOT
 from tests.pipelines.test_drift import synthetic
@@ -78,3 +78,20 @@ def test_trial_episodes_stay_out_of_the_days_tables():
     episodes, _ = book.tables("cell-07", 0)
     assert pc.all(pc.is_null(episodes["trial_request_id"])).as_py()
     assert episodes.num_rows == 70
+
+
+def test_a_change_answered_by_no_promotion_is_retried_the_next_day_once():
+    """Day-to-day drift sees a knocked camera on its first shift only: the loop that answered
+    it and promoted nothing runs again the next day, and a retry is not retried."""
+    camera = {"detected": True, "drifted_features": ["contact_offset_y_m"]}
+    quiet = {"detected": False, "drifted_features": []}
+    knocked = loop_triggers(camera, None, 3, last_cycle=0, retry=False, floor_days=3)
+    assert knocked == ["drift: contact_offset_y_m"] and answers_a_change(knocked)
+    retried = loop_triggers(quiet, None, 4, last_cycle=3, retry=True, floor_days=3)
+    assert retried == ["retry: day 3's cycle answered a change and promoted nothing"]
+    assert not answers_a_change(retried)  # so day 5 runs only on a change or the floor
+    assert loop_triggers(quiet, None, 5, last_cycle=4, retry=False, floor_days=3) == []
+    assert loop_triggers(quiet, None, 7, last_cycle=4, retry=False, floor_days=3) == [
+        "floor: last cycle day 4"
+    ]
+    assert not answers_a_change(["floor: no cycle yet"])
