@@ -392,14 +392,8 @@ def _day_row(campaign: Campaign, ledger: DayLedger, cell: str, day: int) -> dict
     drift = day_drift(ledger, cell, day)
     captures = campaign.root / campaign.params.ingest.landing / "captures"
     parts = part_mix_rise(ledger, cell, day, captures)
-    reasons = loop_triggers(
-        drift,
-        parts,
-        day,
-        campaign.last_cycle.get(cell),
-        campaign.retry_on.get(cell) == day,
-        campaign.settings.floor_days,
-    )
+    last, retry = campaign.last_cycle.get(cell), campaign.retry_on.get(cell) == day
+    reasons = loop_triggers(drift, parts, day, last, retry, campaign.settings.floor_days)
     return {
         "day": day,
         "events_applied": applied,
