@@ -109,6 +109,9 @@ def calibrated_world(calibration_path: str | Path, base: str = "sim") -> tuple[W
         raise ValueError(f"{path}: no `world:` section; is this a realloop calibration file?")
     merged = world_as_dict(load_world(base))
     for section, values in raw["world"].items():
+        if section == "parts" and isinstance(values, list):  # the logs' mix replaces the sim's
+            merged["parts"] = values
+            continue
         if section not in merged or not isinstance(values, dict):
             raise ValueError(f"{path}: world.{section}: not a section of a world file")
         merged[section].update(values)

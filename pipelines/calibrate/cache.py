@@ -22,9 +22,12 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from pipelines.calibrate.parts import SIZE_GAP_M
+
 CURRENT = "current.json"
 CALIBRATION_FILE = "sim-calibration.yaml"
 POLICY_DIR = "policy"
+SAME_PART_SIZE_M = SIZE_GAP_M  # two calibrations name the same variant within this size
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,8 @@ def moved_estimates(new: Mapping, old: Mapping, sigmas: float, floor: float = 0.
     latency distribution counts through its mean delay."""
     moved = []
     for section, values in new["world"].items():
+        if not isinstance(values, Mapping):  # parts: a list, compared by _moved_parts
+            continue
         for key, value in values.items():
             before = old["world"].get(section, {}).get(key)
             errors = [u.get(section, {}).get(key) for u in (new["uncertainty"], old["uncertainty"])]
@@ -84,7 +89,33 @@ def moved_estimates(new: Mapping, old: Mapping, sigmas: float, floor: float = 0.
     delay_new, delay_old = (_mean_delay(c["world"]) for c in (new, old))
     if delay_error and _moved(delay_new, delay_old, sigmas * max(delay_error), floor):
         moved.append("latency.mean_delay_steps")
+    return moved + _moved_parts(new, old, sigmas, floor)
+
+
+def _moved_parts(new: Mapping, old: Mapping, sigmas: float, floor: float) -> list[str]:
+    """The part mix moved: a variant appeared or went (matched by size), or its share moved
+    beyond `sigmas` standard errors. A calibration written before the mix was estimated has
+    no parts: every variant of the new one counts as new."""
+    mixes = [c["world"].get("parts") or [] for c in (new, old)]
+    moved = [f"parts.{p['name']} (gone)" for p in mixes[1] if _same_size(p, mixes[0]) is None]
+    for part in mixes[0]:
+        before = _same_size(part, mixes[1])
+        if before is None:
+            moved.append(f"parts.{part['name']} (new)")
+            continue
+        errors = [
+            (c["uncertainty"].get("parts") or {}).get(p["name"], {}).get("probability")
+            for c, p in ((new, part), (old, before))
+        ]
+        errors = [e for e in errors if isinstance(e, int | float)]
+        shares = part["probability"], before["probability"]
+        if errors and _moved(*shares, sigmas * max(errors), floor):
+            moved.append(f"parts.{part['name']}.probability")
     return moved
+
+
+def _same_size(part: Mapping, mix: list[Mapping]) -> Mapping | None:
+    return next((p for p in mix if abs(p["size_m"] - part["size_m"]) < SAME_PART_SIZE_M), None)
 
 
 def choose_calibration(

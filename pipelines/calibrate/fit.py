@@ -11,17 +11,18 @@ import pyarrow as pa
 from pipelines.calibrate import latency as latency_fit
 from pipelines.calibrate import sensing
 from pipelines.calibrate.logs import LoggedEpisode, logged_episodes
+from pipelines.calibrate.parts import PartGroup, fit_part_mix
 from pipelines.calibrate.physics import PhysicsFit, Simulator, fit_physics
 from pipelines.calibrate.sensing import Estimate
 from pipelines.contract.params import CalibrateParams, CellParams
 
 Progress = Callable[[str, int, int], None]
-STAGES = ("latency", "sensors", "perception", "physics")
+STAGES = ("latency", "sensors", "perception", "physics", "parts")
 
 
 @dataclass(frozen=True)
 class Calibration:
-    world: dict  # physics, sensors, perception, lighting, latency: a world file's keys
+    world: dict  # physics, sensors, perception, lighting, latency, parts: a world file's keys
     uncertainty: dict  # the same keys: standard error of each estimate
     identified: dict[str, bool]  # dotted key -> whether the logs pin it down
     derived: dict  # combinations the logs do identify, when their parts are not
@@ -75,8 +76,13 @@ def calibrate(
     physics = fit_physics(
         simulator, logs, latency, perception, noise, sim_world["physics"], cell.max_speed_mps
     )
-    tick("done", 4, len(STAGES))
-    calibration = _assemble(logs, latency, sensors, perception, physics, params)
+    tick("parts", 4, len(STAGES))
+    fitted = {k: e.value for k, e in physics.estimates.items()}
+    parts = fit_part_mix(
+        simulator, logs, latency.ages_by_episode, perception, fitted, noise, cell.max_speed_mps
+    )
+    tick("done", 5, len(STAGES))
+    calibration = _assemble(logs, latency, sensors, perception, physics, parts, params)
     return calibration, {"logs": logs, "latency": latency, "perception": perception}
 
 
@@ -103,7 +109,9 @@ def _most_recent(logs: list[LoggedEpisode], limit: int, minimum: int = 0) -> lis
     return kept
 
 
-def _assemble(logs, latency, sensors, perception, physics: PhysicsFit, params) -> Calibration:
+def _assemble(
+    logs, latency, sensors, perception, physics: PhysicsFit, parts: list[PartGroup], params
+) -> Calibration:
     perception_keys = (
         "pose_noise_m",
         "yaw_noise_rad",
@@ -131,6 +139,11 @@ def _assemble(logs, latency, sensors, perception, physics: PhysicsFit, params) -
     uncertainty["latency"] = {"mean_delay_steps": _mean_delay_std(latency)}
     identified = {f"physics.{k}": v for k, v in physics.identified.items()}
     identified["lighting.amplitude"] = False
+    if parts:  # the mix the logs show replaces the sim's one part
+        world["parts"] = [group.as_world_part() for group in parts]
+        uncertainty["parts"] = {group.name: group.uncertainty() for group in parts}
+        for group in parts[1:]:
+            identified[f"parts.{group.name}.mass_scale"] = bool(np.isfinite(group.mass_scale.std))
     return Calibration(
         world=world,
         uncertainty=uncertainty,
@@ -141,6 +154,7 @@ def _assemble(logs, latency, sensors, perception, physics: PhysicsFit, params) -
             "episodes": len(logs),
             "steps": int(sum(e.steps for e in logs)),
             "replay_windows": physics.windows,
+            "part_episodes": {group.name: len(group.episodes) for group in parts},
             "servo": {"alpha": latency.alpha, "beta": latency.beta},
             "latency_log_likelihood": latency.log_likelihood,
             "profiles": physics.profiles,

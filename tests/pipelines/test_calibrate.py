@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from pipelines.calibrate.latency import delays_from_ages
-from pipelines.calibrate.logs import shift_position
+from pipelines.calibrate.logs import LoggedEpisode, shift_position
+from pipelines.calibrate.parts import size_groups
 from pipelines.calibrate.physics import _parabola_vertex
 from pipelines.calibrate.sensing import pooled_std
 from refcell.world import WORLDS_DIR, calibrated_world, load_world, randomized, world_as_dict
@@ -111,6 +112,64 @@ def test_calibrated_world_overrides_the_sim_and_keeps_the_rest(tmp_path):
     assert world.latency.steps == {1: 0.4, 2: 0.6}
     assert world.parts == sim.parts
     assert ranges == {"joint_damping": [5.0, 7.0]}
+
+
+def test_calibrated_parts_replace_the_sims_one_part(tmp_path):
+    path = tmp_path / "sim-calibration.yaml"
+    mix = [
+        {
+            "name": "part-30mm",
+            "shape": "cylinder",
+            "size_m": 0.03,
+            "mass_scale": 1.0,
+            "probability": 0.8,
+        },
+        {
+            "name": "part-45mm",
+            "shape": "cylinder",
+            "size_m": 0.045,
+            "mass_scale": 1.7,
+            "probability": 0.2,
+        },
+    ]
+    path.write_text(yaml.safe_dump({"world": {"parts": mix}}))
+    world, _ = calibrated_world(path)
+    assert [(p.name, p.size_m, p.mass_scale, p.probability) for p in world.parts] == [
+        ("part-30mm", 0.03, 1.0, 0.8),
+        ("part-45mm", 0.045, 1.7, 0.2),
+    ]
+
+
+def _footprints(*sizes: float) -> list[LoggedEpisode]:
+    empty = np.zeros((0, 2))
+    return [
+        LoggedEpisode(
+            f"e{i}",
+            "s",
+            0.0,
+            np.full(2, 2 * size),
+            empty,
+            empty,
+            empty,
+            np.zeros(0),
+            np.zeros(0),
+            empty,
+        )
+        for i, size in enumerate(sizes)
+    ]
+
+
+def test_part_sizes_group_where_the_measured_footprints_leave_a_gap():
+    rng = np.random.default_rng(3)
+    sizes = [*(0.030 + rng.normal(0, 0.0007, 70)), *(0.045 + rng.normal(0, 0.0007, 27)), 0.06]
+    groups = size_groups(_footprints(*sizes))
+    # the single 60 mm reading is a gauge outlier (under MIN_EPISODES), not a variant
+    assert [len(g.episodes) for g in groups] == [70, 27]
+    assert [g.name for g in groups] == ["part-30mm", "part-45mm"]
+    assert groups[1].size.value == pytest.approx(0.045, abs=0.0005)
+    assert groups[1].share.value == pytest.approx(27 / 97)
+    assert groups[1].share.std == pytest.approx(np.sqrt(27 / 97 * 70 / 97 / 97))
+    assert size_groups([]) == []
 
 
 @pytest.mark.parametrize(
@@ -417,3 +476,18 @@ def test_too_few_episodes_is_refused_naming_the_dataset_and_writing_nothing(cali
     assert len(done.stderr.strip().splitlines()) == 1
     assert "data/dataset (version " in done.stderr and "needs at least 5000" in done.stderr
     assert (workspace / "sim-calibration.yaml").read_bytes() == before
+
+
+@pytest.mark.slow  # the shared fixture records, ingests and calibrates 300 episodes (~2 min)
+def test_the_part_mix_is_read_from_the_measured_footprints(calibrated):
+    """The line's large part (15%, 1.8x heavier) is its own variant; the square 28 mm part is
+    within the gauge's reach of the 30 mm standard one, so the two count as one."""
+    parts = calibrated[1]["world"]["parts"]
+    assert len(parts) == 2
+    common, large = parts
+    assert common["size_m"] == pytest.approx(0.030, abs=0.0015)
+    assert common["mass_scale"] == 1.0
+    assert large["size_m"] == pytest.approx(0.045, abs=0.0015)
+    assert large["probability"] == pytest.approx(0.15, abs=0.06)
+    assert large["mass_scale"] == pytest.approx(1.8, rel=0.35)
+    assert sum(p["probability"] for p in parts) == pytest.approx(1.0, abs=1e-3)

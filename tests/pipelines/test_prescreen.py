@@ -265,6 +265,42 @@ def test_unidentified_estimates_never_count_and_the_floor_absorbs_small_moves():
     assert moved_estimates(slightly, old, 3.0, floor=0.1) == []
 
 
+def _with_parts(calibration: dict, *parts: tuple[str, float, float]) -> dict:
+    """`calibration` with a part mix: (name, size_m, probability) each, shares known to 0.02."""
+    calibration["world"]["parts"] = [
+        {"name": n, "shape": "cylinder", "size_m": s, "mass_scale": 1.0, "probability": p}
+        for n, s, p in parts
+    ]
+    calibration["uncertainty"]["parts"] = {n: {"probability": 0.02} for n, _, _ in parts}
+    return calibration
+
+
+def test_a_new_part_variant_or_a_moved_share_moves_the_calibration_and_gauge_noise_does_not():
+    old = _with_parts(_calibration(0.0158), ("part-30mm", 0.0301, 0.8), ("part-45mm", 0.045, 0.2))
+    same = _with_parts(
+        _calibration(0.0158), ("part-30mm", 0.0299, 0.78), ("part-44mm", 0.0445, 0.22)
+    )
+    assert moved_estimates(same, old, 3.0) == []  # sizes within the gauge, shares within 1 sd
+    arrived = _with_parts(
+        _calibration(0.0158),
+        ("part-30mm", 0.030, 0.64),
+        ("part-36mm", 0.036, 0.2),
+        ("part-45mm", 0.045, 0.16),
+    )
+    assert moved_estimates(arrived, old, 3.0) == [
+        "parts.part-30mm.probability",
+        "parts.part-36mm (new)",
+    ]
+    assert moved_estimates(old, arrived, 3.0) == [
+        "parts.part-36mm (gone)",
+        "parts.part-30mm.probability",
+    ]
+    assert moved_estimates(old, _calibration(0.0158), 3.0) == [
+        "parts.part-30mm (new)",
+        "parts.part-45mm (new)",
+    ]  # a calibration from before the mix was estimated
+
+
 def test_a_cached_calibrated_policy_is_not_pretrained_again(tmp_path, params):
     from pipelines.training import PolicyConfig, PolicyNet
     from pipelines.training.calibrated import ensure_calibrated_policy
