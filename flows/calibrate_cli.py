@@ -132,6 +132,19 @@ def _print_calibration(p: dict) -> None:
         f"+{latency['load_extra_steps']} steps, {latency['load_fraction']:.0%}",
         "",
     )
+    for part in p["world"].get("parts", []):
+        std = p["uncertainty"]["parts"][part["name"]]
+        shown = lambda x: "not identified" if x is None else f"{x:.3g}"  # noqa: E731
+        table.add_row(
+            f"parts.{part['name']}.probability",
+            f"{part['probability']:.3g}",
+            shown(std["probability"]),
+        )
+        table.add_row(
+            f"parts.{part['name']}.mass_scale",
+            f"{part['mass_scale']:.3g}",
+            shown(std["mass_scale"]),
+        )
     stdout.print(table)
     force = p["derived"]["sliding_friction_force_n"]
     stdout.print(
