@@ -87,7 +87,8 @@ def pretrain_with_observations(
     )
     train = dict(batch_size=params.batch_size, learning_rate=params.learning_rate, seed=params.seed)
     fit(net, obs, labels, epochs=params.epochs, on_epoch=on_epoch, **train)
-    for round_ in range(params.dagger_rounds):
+    round_, rate = 0, 0.0
+    while _another_round(params, round_, rate):
         first = params.demo_episodes + round_ * params.dagger_episodes
         new_obs, new_labels, rate = collect_labelled(
             cell,
@@ -96,13 +97,22 @@ def pretrain_with_observations(
             first,
             params.dagger_episodes,
             progress,
-            f"dagger {round_ + 1}/{params.dagger_rounds}",
+            f"dagger {round_ + 1}/{max(params.dagger_rounds, round_ + 1)}",
         )
         obs, labels = np.concatenate([obs, new_obs]), np.concatenate([labels, new_labels])
         net.config.trained_on[f"dagger_{round_ + 1}_success"] = rate
         fit(net, obs, labels, epochs=max(params.epochs // 2, 1), on_epoch=on_epoch, **train)
+        round_ += 1
     net.config.trained_on["samples"] = len(obs)
     return net, obs
+
+
+def _another_round(params: PretrainParams, done: int, success: float) -> bool:
+    """`dagger_rounds` always; then, up to `dagger_max_rounds`, while the student's success
+    in its own sim (the last round's) is below `dagger_target_success`."""
+    if done < params.dagger_rounds:
+        return True
+    return done < params.dagger_max_rounds and success < params.dagger_target_success
 
 
 def calibrated_setup(

@@ -80,6 +80,11 @@ class PretrainParams:
     out: str
     calibrated_out: str  # `cell pretrain --calibration`: the loop's base policy when present
     randomization: RandomizationParams
+    # More DAgger rounds, up to this many, while the student's success in its own sim is
+    # below `dagger_target_success` (the loop's: loop.pretrain_dagger_*); 0: exactly
+    # `dagger_rounds`, as `realloop cell pretrain` does.
+    dagger_max_rounds: int = 0
+    dagger_target_success: float = 1.0
 
 
 @dataclass(frozen=True, config=_STRICT)
@@ -323,6 +328,10 @@ class LoopParams:
     # since it runs inside a cycle; episodes, rounds and epochs as in `pretrain:`.
     pretrain_demo_episodes: PositiveInt
     pretrain_dagger_rounds: NonNegativeInt
+    # ...and more rounds, up to max_rounds, while the student's success in its own
+    # calibrated sim stays below target_success: a hard part mix needs more (bench notes)
+    pretrain_dagger_max_rounds: NonNegativeInt
+    pretrain_dagger_target_success: Annotated[float, Field(ge=0, le=1)]
     pretrain_dagger_episodes: PositiveInt
     pretrain_epochs: PositiveInt
     sim_eval_episodes: PositiveInt  # pre-screen: episodes per candidate in the calibrated sim

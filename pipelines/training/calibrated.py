@@ -69,6 +69,8 @@ def loop_pretrain_params(params: Params) -> PretrainParams:
         params.pretrain,
         demo_episodes=loop.pretrain_demo_episodes,
         dagger_rounds=loop.pretrain_dagger_rounds,
+        dagger_max_rounds=loop.pretrain_dagger_max_rounds,
+        dagger_target_success=loop.pretrain_dagger_target_success,
         dagger_episodes=loop.pretrain_dagger_episodes,
         epochs=loop.pretrain_epochs,
     )

@@ -355,3 +355,36 @@ def test_the_loop_builds_all_three_candidates_by_default(params):
     assert params.simulator.pretrain.startswith("refcell.pretrain:")
     cheaper = dataclasses.replace(params.pretrain, dagger_rounds=params.loop.pretrain_dagger_rounds)
     assert cheaper.dagger_rounds <= params.pretrain.dagger_rounds
+
+
+@pytest.mark.parametrize(("target", "rounds"), [(0.0, 1), (1.01, 3)])
+def test_the_loops_pretrain_adds_dagger_rounds_only_while_the_student_is_below_target(
+    params, target, rounds
+):
+    """dagger_rounds always; more, up to dagger_max_rounds, while the last round's success in
+    the student's own sim is below the target (0.0: reached at once; 1.01: never)."""
+    from refcell.pretrain import pretrain_with_observations
+    from refcell.world import load_world
+
+    tiny = dataclasses.replace(
+        params.pretrain,
+        demo_episodes=6,
+        dagger_rounds=1,
+        dagger_max_rounds=3,
+        dagger_target_success=target,
+        dagger_episodes=3,
+        epochs=2,
+    )
+    net, _ = pretrain_with_observations(load_world("sim"), params.cell, tiny)
+    done = sorted(k for k in net.config.trained_on if k.startswith("dagger_"))
+    assert done == [f"dagger_{i}_success" for i in range(1, rounds + 1)]
+
+
+def test_the_loop_pretrains_with_its_own_dagger_floor_ceiling_and_target(params):
+    from pipelines.training.calibrated import loop_pretrain_params
+
+    loop, pretrain = params.loop, loop_pretrain_params(params)
+    assert pretrain.dagger_rounds == loop.pretrain_dagger_rounds
+    assert pretrain.dagger_max_rounds == loop.pretrain_dagger_max_rounds > pretrain.dagger_rounds
+    assert pretrain.dagger_target_success == loop.pretrain_dagger_target_success
+    assert params.pretrain.dagger_max_rounds == 0  # `realloop cell pretrain`: exactly its rounds
