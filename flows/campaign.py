@@ -29,6 +29,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +44,7 @@ if TYPE_CHECKING:
 
 from flows.campaign_eval import (
     CACHE_FILE,
+    EVAL_NICENESS,
     EXPERT,
     EvalCache,
     EvalJob,
@@ -205,29 +208,65 @@ def run_campaign(campaign: Campaign, progress: bool = True) -> dict:
         campaign.settings.eval_episodes,
         campaign.settings.eval_seeds,
         campaign.settings.eval_workers,
+        niceness=EVAL_NICENESS,
     )
     from flows.campaign_days import DayLedger
 
-    with _running_cells(campaign, root_json):
+    with _running_cells(campaign, root_json), DayFigures(cache) as figures:
         ledger = DayLedger(campaign.root, params, _wait_for_epochs(campaign))
         calibration = None
         with progress_bar(progress) as update:
             for day in range(campaign.days):
                 update("campaign days", day, campaign.days)
                 _wait_for_day(campaign, ledger, day)
-                _one_day(campaign, ledger, cache, day)
+                _one_day(campaign, ledger, figures, day)
                 if day == 0:
                     calibration = _start_calibrated_once(campaign, ledger)
+                figures.collect()  # the days evaluated so far, for the document below
                 # So far, for whoever watches a long campaign (the final document replaces it).
                 _write_json(
                     campaign.root / "campaign.json",
                     {"complete": False, "days_done": day + 1, "cells": campaign.records},
                 )
+            figures.collect(wait=True)
             update("campaign days", campaign.days, campaign.days)
     if calibration is not None:
         calibration.join()
     _fill_calibrated_once(campaign, cache)
     return _document(campaign, cache)
+
+
+class DayFigures:
+    """Each day's held-out evaluations in the background, one day after another, while the
+    campaign takes up the next day (its shift, its loop): they read frozen copies of the
+    models (snapshot_production) on the line as it was that day (`--day`), so nothing the loop
+    does later changes them. Their processes run niced (EVAL_NICENESS): they fill the cores the
+    loop leaves idle (trial waits, single-threaded stages) instead of holding it up. The rows
+    are filled in on the campaign's thread, in day order (`collect`), never while it writes
+    them out."""
+
+    def __init__(self, cache: EvalCache):
+        self.cache = cache
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="day-figures")
+        self._pending: list[tuple[Future, Callable[[list[dict]], None]]] = []
+
+    def __enter__(self) -> DayFigures:
+        return self
+
+    def __exit__(self, *failed) -> None:
+        # A failed campaign does not wait for the evaluations queued behind it.
+        self._pool.shutdown(wait=True, cancel_futures=failed[0] is not None)
+
+    def submit(self, jobs: list[EvalJob], fill: Callable[[list[dict]], None]) -> None:
+        """Evaluate `jobs` after the days before; `fill(figures)` when collected."""
+        self._pending.append((self._pool.submit(self.cache.evaluate_many, jobs), fill))
+
+    def collect(self, wait: bool = False) -> None:
+        """Fill in the days evaluated so far (all of them, waiting, with `wait`); an
+        evaluation's error is raised here."""
+        while self._pending and (wait or self._pending[0][0].done()):
+            future, fill = self._pending.pop(0)
+            fill(future.result())
 
 
 @contextmanager
@@ -320,8 +359,9 @@ def _wait_for_day(campaign: Campaign, ledger: DayLedger, day: int) -> None:
             time.sleep(POLL_S)
 
 
-def _one_day(campaign: Campaign, ledger: DayLedger, cache: EvalCache, day: int) -> None:
-    """Drift and triggers, the loop where due, then the day's held-out figures per cell."""
+def _one_day(campaign: Campaign, ledger: DayLedger, figures: DayFigures, day: int) -> None:
+    """Drift and triggers, the loop where due, then the day's held-out figures per cell (in
+    the background: DayFigures)."""
     from flows.campaign_days import hold_line
 
     rows = {cell: _day_row(campaign, ledger, cell, day) for cell in campaign.cells}
@@ -337,15 +377,21 @@ def _one_day(campaign: Campaign, ledger: DayLedger, cache: EvalCache, day: int) 
         if row["promoted"]:
             policies["replaced"] = str(before[cell][0])
         events = tuple(events_on_day(campaign.timelines[cell], day))
-        row["policies"] = {name: None for name, policy in policies.items() if policy is None}
+        row["policies"] = {name: None for name in policies}  # None: not there yet, or pending
         jobs |= {
             (cell, name): EvalJob(policy, cell, day, events)
             for name, policy in policies.items()
             if policy is not None
         }
+        campaign.records[cell]["days"].append(row)
     # Every cell's figures of the day at once, `campaign.eval_workers` at a time.
-    for (cell, name), figures in zip(jobs, cache.evaluate_many(list(jobs.values())), strict=True):
-        rows[cell]["policies"][name] = figures
+    figures.submit(list(jobs.values()), lambda found: _fill_day(rows, list(jobs), found, before))
+
+
+def _fill_day(rows: dict[str, dict], names: list, found: list[dict], before: dict) -> None:
+    """The day's held-out figures into its rows; a promotion's before and after."""
+    for (cell, name), figure in zip(names, found, strict=True):
+        rows[cell]["policies"][name] = figure
     for cell, row in rows.items():
         if row["promoted"]:
             was = row["policies"].pop("replaced")
@@ -355,7 +401,6 @@ def _one_day(campaign: Campaign, ledger: DayLedger, cache: EvalCache, day: int) 
                 "before": was["success"],
                 "after": row["policies"]["production"]["success"],
             }
-        campaign.records[cell]["days"].append(row)
 
 
 def _loop_where_due(campaign: Campaign, rows: dict[str, dict], day: int) -> None:

@@ -20,6 +20,9 @@ from pathlib import Path
 
 EXPERT = "expert"  # the privileged expert: no weights, its id is its name
 CACHE_FILE = "eval-cache.json"
+# Evaluations run in the background while the loop builds the next day's candidates (the
+# campaign's critical path): niced, they take the cores the loop leaves idle, not its share.
+EVAL_NICENESS = 10
 
 
 def policy_id(policy: str) -> str:
@@ -49,7 +52,8 @@ class EvalJob:
 
 class EvalCache:
     """Evaluations by key, in a JSON file of the campaign's workspace (written atomically).
-    `workers`: evaluations run at once, each a `realloop cell eval` process of its own."""
+    `workers`: evaluations run at once, each a `realloop cell eval` process of its own, at
+    `niceness`. One thread at a time may evaluate (the campaign's DayFigures)."""
 
     def __init__(
         self,
@@ -58,9 +62,11 @@ class EvalCache:
         episodes: int,
         seeds: tuple[int, ...],
         workers: int = 1,
+        niceness: int = 0,
     ):
         self.path, self.params_path = Path(path), Path(params_path)
         self.episodes, self.seeds, self.workers = episodes, tuple(seeds), workers
+        self.niceness = niceness
         self.entries: dict[str, dict] = (
             json.loads(self.path.read_text()) if self.path.is_file() else {}
         )
@@ -93,8 +99,9 @@ class EvalCache:
 
     def _run(self, job: EvalJob) -> dict:
         result = run_cell_eval(
-            self.params_path, job.policy, job.world, job.day, self.episodes, self.seeds
-        )
+            self.params_path, job.policy, job.world, job.day, self.episodes, self.seeds,
+            niceness=self.niceness,
+        )  # fmt: skip
         if result["events"] != list(job.events):  # the cell's timeline is the truth: say so
             raise ValueError(
                 f"{job.world} day {job.day}: the cell applied {result['events']}, the campaign "
@@ -116,7 +123,13 @@ class EvalCache:
 
 
 def run_cell_eval(
-    params_path: Path, policy: str, world: str, day: int, episodes: int, seeds: tuple[int, ...]
+    params_path: Path,
+    policy: str,
+    world: str,
+    day: int,
+    episodes: int,
+    seeds: tuple[int, ...],
+    niceness: int = 0,
 ) -> dict:
     from flows.demo import _realloop
 
@@ -136,6 +149,7 @@ def run_cell_eval(
         "--params",
         str(params_path),
         "--json",
+        niceness=niceness,
     )
     return json.loads(done.stdout)
 

@@ -139,18 +139,31 @@ def _write_demo_params(params_path: Path, fleet: Fleet) -> Path:
 # --- one-off steps, as a user runs them --------------------------------------------------------
 
 
-def _realloop(*args: str, quiet: bool = True) -> subprocess.CompletedProcess:
+def _realloop(*args: str, quiet: bool = True, niceness: int = 0) -> subprocess.CompletedProcess:
     """Runs a realloop command. Not quiet: its progress and its summary go to our stderr,
-    since our stdout may be a --json document that its summary line would corrupt."""
+    since our stdout may be a --json document that its summary line would corrupt.
+    `niceness` > 0: the command yields the CPU to everything else (background work that
+    must not hold up the critical path, as the campaign's held-out evaluations)."""
     command = [sys.executable, "-m", "flows.cli", *args]
-    if quiet:
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
-    else:
-        done = subprocess.run(command, stdout=2, text=True, check=False)  # fd 2: our stderr
+    output = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE} if quiet else {"stdout": 2}
+    with subprocess.Popen(command, text=True, **output) as process:  # fd 2: our stderr
+        if niceness:
+            lower_priority(process.pid, niceness)
+        stdout, errors = process.communicate()
+    done = subprocess.CompletedProcess(command, process.returncode, stdout, errors)
     if done.returncode != 0:
         reason = (done.stderr or "").strip().splitlines()[-1:] or ["no output"]
         raise CommandError(f"`realloop {' '.join(args[:2])}` failed: {reason[0]}")
     return done
+
+
+def lower_priority(pid: int, by: int) -> None:
+    """Make a started process `by` nicer than it is (it inherited ours; at most 19), from
+    here: preexec_fn is not safe in a program with threads (the campaign runs its evaluations
+    from a worker thread). Where the OS has no priorities (not POSIX) it runs as it is."""
+    if hasattr(os, "setpriority"):
+        niceness = os.getpriority(os.PRIO_PROCESS, pid)
+        os.setpriority(os.PRIO_PROCESS, pid, min(niceness + by, 19))
 
 
 def _ensure_sim_policy(params_path: Path, folder: str) -> None:

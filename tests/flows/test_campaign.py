@@ -4,6 +4,7 @@ one cell over three simulated days end to end as processes."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -13,8 +14,10 @@ import pytest
 import yaml
 
 from flows import campaign_eval
+from flows.campaign import DayFigures
 from flows.campaign_eval import EvalCache, EvalJob, events_on_day
 from flows.campaign_report import compute_targets, plot_campaign
+from flows.demo import lower_priority
 from tests.conftest import ROOT, realloop, without_prefect_settings
 
 TIMELINE = [{"day": 3.0, "name": "camera knocked"}, {"day": 5.0, "name": "new part"}]
@@ -45,7 +48,7 @@ def fake_policy(folder: Path, weights: bytes) -> str:
 def test_the_eval_cache_keys_on_line_weights_line_state_and_seeds(tmp_path, monkeypatch):
     runs = []
 
-    def cell_eval(_params, policy, world, day, episodes, seeds):
+    def cell_eval(_params, policy, world, day, episodes, seeds, niceness=0):
         runs.append((policy, day) if world == "cell-07" else (policy, world, day))
         return {
             "events": events_on_day(TIMELINE, day),
@@ -74,7 +77,7 @@ def test_the_days_evaluations_run_side_by_side_and_a_repeated_one_once(tmp_path,
     both_running = threading.Barrier(2, timeout=10)  # broken unless two evaluations overlap
     runs = []
 
-    def cell_eval(_params, policy, world, day, episodes, seeds):
+    def cell_eval(_params, policy, world, day, episodes, seeds, niceness=0):
         runs.append(policy)
         both_running.wait()
         return {
@@ -90,6 +93,46 @@ def test_the_days_evaluations_run_side_by_side_and_a_repeated_one_once(tmp_path,
     assert [f["success"] for f in figures] == [0.9, 0.5, 0.9]
     assert [f["cached"] for f in figures] == [False, False, True]
     assert sorted(runs) == sorted([a, "expert"]) and (cache.hits, cache.misses) == (1, 2)
+
+
+def test_the_days_figures_run_behind_the_campaign_and_fill_in_in_day_order(tmp_path, monkeypatch):
+    release = threading.Event()  # the evaluations wait until the campaign has moved on
+    runs = []
+
+    def cell_eval(_params, policy, world, day, episodes, seeds, niceness=0):
+        release.wait(timeout=10)
+        runs.append((day, niceness))
+        return {
+            "events": [], "success_rate": day / 10, "success_min": 0.0, "success_max": 1.0,
+            "episodes": 30, "seeds": [],
+        }  # fmt: skip
+
+    monkeypatch.setattr(campaign_eval, "run_cell_eval", cell_eval)
+    cache = EvalCache(tmp_path / "cache.json", tmp_path / "params.yaml", 10, (1,), niceness=7)
+    filled = []
+    with DayFigures(cache) as figures:
+        for day in (1, 2):
+            policy = fake_policy(tmp_path / f"p{day}", f"weights {day}".encode())
+            figures.submit([EvalJob(policy, "cell-07", day, ())], filled.append)
+        figures.collect()  # nothing done yet: nothing filled, and the campaign is not held
+        assert filled == []
+        release.set()
+        figures.collect(wait=True)
+    assert [[f["success"] for f in day] for day in filled] == [[0.1], [0.2]]
+    assert runs == [(1, 7), (2, 7)]  # one day after another, each at the cache's niceness
+
+
+def test_a_background_command_runs_niced():
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(30)"], stdout=subprocess.DEVNULL
+    )
+    try:
+        ours = os.getpriority(os.PRIO_PROCESS, 0)
+        lower_priority(child.pid, 5)
+        assert os.getpriority(os.PRIO_PROCESS, child.pid) == min(ours + 5, 19)
+    finally:
+        child.kill()
+        child.wait()
 
 
 def figures(production, expert=0.98, sim=0.5, cal=0.9):
