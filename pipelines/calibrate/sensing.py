@@ -140,6 +140,8 @@ def camera_bias(
 ) -> dict[str, Estimate]:
     """b = b0 + drift * lighting from the contact geometry of pushing steps."""
     reference = reference_part_episodes(episodes)
+    if not reference:
+        raise ValueError("no episode logged a part's size: the camera's bias has no reference")
     coef = np.zeros(4)  # bias_x, bias_y, drift_x, drift_y
     band = APPROACH_MARGIN_M
     for _ in range(rounds):
@@ -157,10 +159,18 @@ def camera_bias(
 
 
 def reference_part_episodes(episodes: list[LoggedEpisode]) -> list[LoggedEpisode]:
-    """Episodes with the most common part: their contact radius is known from the extent."""
-    extents = np.array([np.nanmean(e.part_extent_m) for e in episodes])
-    typical = np.nanmedian(extents)
-    return [e for e, x in zip(episodes, extents, strict=True) if abs(x - typical) < 0.002]
+    """Episodes with the most common part: their contact radius is known from the extent.
+    That part is the largest group of measured sizes (pipelines.calibrate.parts), and its
+    episodes those within 2 mm of the group's median extent. Not the median of all episodes:
+    where no part makes up half the line (cell-09 once a wide box came: its standard part
+    under half) that median falls between two parts' sizes and selects no episode."""
+    from pipelines.calibrate.parts import size_groups  # parts reads this module's geometry
+
+    groups = size_groups(episodes)
+    if not groups:
+        return []
+    typical = np.nanmedian([np.nanmean(e.part_extent_m) for e in groups[0].episodes])
+    return [e for e in episodes if abs(np.nanmean(e.part_extent_m) - typical) < 0.002]
 
 
 def _pushing_steps(episodes, pusher_radius_m, coef, band):

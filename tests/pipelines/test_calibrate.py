@@ -14,7 +14,7 @@ from pipelines.calibrate.latency import delays_from_ages
 from pipelines.calibrate.logs import LoggedEpisode, shift_position
 from pipelines.calibrate.parts import size_groups
 from pipelines.calibrate.physics import _parabola_vertex
-from pipelines.calibrate.sensing import pooled_std
+from pipelines.calibrate.sensing import part_radius, pooled_std, reference_part_episodes
 from refcell.world import WORLDS_DIR, calibrated_world, load_world, randomized, world_as_dict
 from tests.conftest import ROOT, realloop
 
@@ -170,6 +170,23 @@ def test_part_sizes_group_where_the_measured_footprints_leave_a_gap():
     assert groups[1].share.value == pytest.approx(27 / 97)
     assert groups[1].share.std == pytest.approx(np.sqrt(27 / 97 * 70 / 97 / 97))
     assert size_groups([]) == []
+
+
+def test_the_camera_reference_is_the_most_common_part_even_under_half_the_line():
+    # cell-09 once its wide box came: half the shift its standard part, the rest larger. The
+    # median of all sizes falls between the standard part and the box, where no episode is
+    # (it failed that calibration: "need at least one array to concatenate").
+    rng = np.random.default_rng(5)
+    sizes = [
+        *(0.030 + rng.normal(0, 0.0005, 50)),
+        *(0.045 + rng.normal(0, 0.0005, 30)),
+        *(0.036 + rng.normal(0, 0.0005, 20)),
+    ]
+    assert not any(abs(s - np.median(sizes)) < 0.001 for s in sizes)
+    reference = reference_part_episodes(_footprints(*sizes))
+    assert len(reference) == 50
+    assert all(abs(part_radius(e) - 0.030) < 0.002 for e in reference)
+    assert reference_part_episodes([]) == []
 
 
 @pytest.mark.parametrize(
