@@ -199,6 +199,25 @@ def test_targets_say_when_they_are_missed():
     assert quiet["no_promotion_worse_than_replaced"]["met"] is None  # no case, not a pass
 
 
+def test_a_gap_exactly_at_a_limit_is_within_it():
+    # The campaign at 6f06484, cell-08 on day 12: 0.9433 -> 0.9233 (worse by the margin
+    # exactly, 6 of 300 episodes) under an expert at 0.9733 (5 points exactly). In binary the
+    # differences are -0.020000000000000018 and 0.05000000000000004: both read as misses.
+    edge = campaign_cell([
+        day(0, 0.9433, loop=True),
+        day(3, 0.9233, loop=True, drift=True, expert=0.9733,
+            promotion={"before": 0.9433, "after": 0.9233}),
+    ])  # fmt: skip
+    targets = compute_targets({"cell-07": edge}, margin=0.02)
+    assert targets["no_promotion_worse_than_replaced"] | {"cases": None} == {
+        "value": -0.02, "met": True, "cases": None
+    }  # fmt: skip
+    recovery = targets["recovery_within_2_cycles"]["cases"][0]
+    assert recovery["best_gap"] == 0.05 and recovery["recovered"]
+    beyond = campaign_cell([day(0, 0.9), day(3, 0.9233, loop=True, drift=True, expert=0.9734)])
+    assert not compute_targets({"cell-07": beyond}, margin=0.02)["recovery_within_2_cycles"]["met"]
+
+
 def test_the_plot_has_a_panel_per_cell(tmp_path):
     cell = campaign_cell([day(0, 0.9, loop=True, promotion={"before": 0.5, "after": 0.9})])
     out = plot_campaign({"cell-07": cell, "cell-08": cell}, tmp_path / "campaign.png")
