@@ -1,14 +1,16 @@
 """Several candidates per cell each cycle, and the pre-screen that sends only the best to trials.
 
-    per cell (one at a time: the cells share the CPU):
-      split its batches by shift (the newest held out of fine-tuning, for the pre-screen; the
-        `loop.train_shifts` before them trained on)
-      → incumbent_finetune: its production model fine-tuned (the finetune@<cell> DVC stage),
-        in a worker thread beside the calibration below
+    every cell first: split its batches by shift (the newest held out of fine-tuning, for the
+        pre-screen; the `loop.train_shifts` before them trained on)
       → calibrate from its newest shifts, the held-out one included (up to
-        loop.calibrate_episodes; once calibrate.min_episodes exist) → the policy
-        pretrained in that sim, cached by the calibration's hash → calibrated: registered as is;
-        calibrated_finetune: fine-tuned on the same batches
+        loop.calibrate_episodes; once calibrate.min_episodes exist) → the policy pretrained in
+        that sim, cached by the calibration's hash, or started now in a process of its own
+        (one per core: the cells' pretrains run side by side)
+    then per cell (one at a time: MLflow, the DVC stage):
+      → incumbent_finetune: its production model fine-tuned (the finetune@<cell> DVC stage),
+        in a worker thread while its pretrain finishes
+      → calibrated: the calibration's policy registered as is; calibrated_finetune: it
+        fine-tuned on the same batches
       → pre-screen: held-out action error + success in the calibrated sim; the best is the
         cell's candidate (`trained`), which the loop uploads and trials as before
 
@@ -19,9 +21,13 @@ built. The simulator is a plug-in (params `simulator:`): nothing here imports a 
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from prefect import task
@@ -97,17 +103,42 @@ def calibrate_cell(
 
 
 @task(name="calibrated-policy", task_run_name="calibrated policy {cell_id}", **THIN)
-def calibrated_policy(params: Params, workspace: Path, cell_id: str, calibration: dict) -> dict:
-    """The calibration's policy: cached, or pretrained now (params `simulator.pretrain`)."""
+def calibrated_policy(
+    params: Params, workspace: Path, cell_id: str, calibration: dict, threads: int = 1
+) -> dict:
+    """The calibration's policy: cached, or pretrained now (params `simulator.pretrain`) in a
+    process of its own on `threads` torch threads, so the cells' pretrains run side by side,
+    one per core."""
     from flows.plugins import load_plugin
     from pipelines.release.prescreen import SimPretrain
     from pipelines.training.calibrated import ensure_calibrated_policy
 
     pretrain = load_plugin(params.simulator.pretrain, "simulator.pretrain", SimPretrain)
-    policy = ensure_calibrated_policy(params, _cached(calibration, workspace), pretrain)
+    cached = _cached(calibration, workspace)
+    if cached.pretrained:
+        policy = ensure_calibrated_policy(params, cached, pretrain)
+    else:
+        on_threads = replace(params, train=replace(params.train, threads=threads))
+        with _PRETRAIN_SLOTS:
+            policy = in_child_process(ensure_calibrated_policy, on_threads, cached, pretrain)
     how = "cached" if policy["cached"] else f"pretrained in {policy['seconds']} s"
     artifacts.log(f"{cell_id}: calibrated policy for {calibration['hash']} {how}")
     return policy
+
+
+# Pretrains at once: one per core. Each is single-threaded Python and torch (the sim's rollouts,
+# small batches), so a third beside two would only slow the first cell's.
+_PRETRAIN_SLOTS = threading.BoundedSemaphore(os.cpu_count() or 1)
+
+
+def in_child_process(function: Callable, *args):
+    """`function(*args)` in a fresh process, and its result: CPU-bound Python beside the flow's
+    own work, on another core. Spawned, not forked: the flow has threads (Prefect's, the
+    fine-tune's) whose locks a fork would copy held. Arguments and result cross as pickles
+    between this process and its own child, never from outside."""
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+        return pool.submit(function, *args).result()
 
 
 @task(name="register-calibrated", task_run_name="register calibrated {cell_id}", **THIN)
@@ -206,11 +237,24 @@ def build(
     """Per cell still in the cycle: its candidates, the pre-screen, and the best as the cell's
     `trained` (what the loop uploads and trials). `fleet`: the loop's cells of the cycle.
     `then(cell_id)`: called as soon as a cell's candidate is chosen, before the next cell's
-    build (the loop sends it to trials there)."""
-    for cell_id in fleet.going():
+    build (the loop sends it to trials there).
+
+    Every cell's calibration comes first, each starting the pretrain it needs in a process of
+    its own: the pretrain is most of a cell's build, and one cell after another left a core
+    idle while the fleet waited. Then cell by cell as before, each waiting for its own."""
+    started, cells = {}, fleet.going()
+    threads = _pretrain_threads(params, len(cells))
+    for cell_id in cells:
+        try:
+            started[cell_id] = _start_cell(
+                params, root, cell_id, fleet.steps[cell_id]["plan"], dataset_version, threads
+            )
+        except _NoCandidate as exc:
+            fleet.errors[cell_id] = str(exc)
+    for cell_id, begun in started.items():
         try:
             fleet.steps[cell_id] |= _build_cell(
-                params, root, cell_id, fleet.steps[cell_id]["plan"], dataset_version, number
+                params, root, cell_id, fleet.steps[cell_id]["plan"], dataset_version, number, begun
             )
         except _NoCandidate as exc:
             fleet.errors[cell_id] = str(exc)
@@ -219,20 +263,47 @@ def build(
             then(cell_id)
 
 
-def _build_cell(params, root, cell_id, plan, dataset_version, number) -> dict:
-    wanted, common = params.loop.candidates, (params, root, cell_id)
-    split = _result(split_cell(*common, plan["batches"], return_state=True), "split")
-    built, failed = [], []
-    incumbent = None
-    if INCUMBENT_FINETUNE in wanted:
-        # In a worker thread while this one calibrates: torch trains on one core while the
-        # calibration's replays and EM use the other.
-        train_plan = plan | {"batches": split["train"]}
-        incumbent = fine_tune.submit(*common, train_plan, dataset_version, number)
+@dataclass
+class _Started:
+    """A cell's build as far as `_start_cell` took it: its split, its calibration, and the
+    calibration's policy on its way (None: no calibrated candidate this cycle, see `failed`)."""
+
+    split: dict
+    calibration: dict | None = None
+    policy: object = None  # the calibrated-policy task's future
+    failed: list[dict] = field(default_factory=list)
+
+
+def _pretrain_threads(params: Params, cells: int) -> int:
+    """torch threads per pretrain: train.threads, or the cores shared among the pretrains
+    that may run at once (two torch pools spin-waiting on one core were 6.7x slower:
+    bench/train_threads)."""
+    cores = os.cpu_count() or 1
+    return params.train.threads or max(1, cores // max(1, min(cells, cores)))
+
+
+def _start_cell(params, root, cell_id, plan, dataset_version, threads) -> _Started:
+    split = _result(split_cell(params, root, cell_id, plan["batches"], return_state=True), "split")
+    begun = _Started(split)
     # The sim follows the line as it is now: calibrated from the newest shift, the held-out
     # one included (the pre-screen's action error does not read the calibration).
     newest = split["heldout"] + split["train"]
-    calibration, policy = _calibrated_policy(params, root, cell_id, newest, dataset_version, failed)
+    begun.calibration, begun.policy = _calibrated_policy(
+        params, root, cell_id, newest, dataset_version, begun.failed, threads
+    )
+    return begun
+
+
+def _build_cell(params, root, cell_id, plan, dataset_version, number, begun: _Started) -> dict:
+    wanted, common = params.loop.candidates, (params, root, cell_id)
+    split, calibration, failed = begun.split, begun.calibration, begun.failed
+    built = []
+    incumbent = None
+    if INCUMBENT_FINETUNE in wanted:
+        # In a worker thread while the calibrated policy is pretrained in its own process.
+        train_plan = plan | {"batches": split["train"]}
+        incumbent = fine_tune.submit(*common, train_plan, dataset_version, number)
+    policy = _pretrained(params, begun)
     if incumbent is not None:  # before the calibrated candidates register (MLflow, above)
         incumbent.wait()
         _keep(INCUMBENT_FINETUNE, incumbent.state, None, built, failed)
@@ -263,27 +334,34 @@ def _wanted_calibrated(params: Params) -> list[str]:
     return [n for n in (CALIBRATED, CALIBRATED_FINETUNE) if n in params.loop.candidates]
 
 
-def _calibrated_policy(
-    params, root, cell_id, batches, dataset_version, failed
-) -> tuple[dict | None, dict | None]:
-    """(the calibration, its policy: cached or pretrained), as far as they were made; what
-    was not, with the reason, in `failed` for each calibrated candidate loop.candidates asks
-    for. (None, None) when it asks for none."""
+def _calibrated_policy(params, root, cell_id, batches, dataset_version, failed, threads) -> tuple:
+    """(the calibration, its policy's task future: cached or being pretrained), as far as they
+    were made; what was not, with the reason, in `failed` for each calibrated candidate
+    loop.candidates asks for. (None, None) when it asks for none."""
     wanted = _wanted_calibrated(params)
     if not wanted:
         return None, None
     common = (params, root, cell_id)
     state = calibrate_cell(*common, batches, dataset_version, return_state=True)
     calibration = _value(state)
-    if calibration is not None and calibration["skip"]:
-        failed += [{"name": name, "error": calibration["skip"]} for name in wanted]
+    if calibration is None or calibration["skip"]:
+        reason = _reason(state) if calibration is None else calibration["skip"]
+        failed += [{"name": name, "error": reason} for name in wanted]
         return None, None
-    if calibration is not None:
-        state = calibrated_policy(*common, calibration, return_state=True)
-    if not state.is_completed():
-        failed += [{"name": name, "error": _reason(state)} for name in wanted]
-        return calibration, None
-    return calibration, state.result()
+    return calibration, calibrated_policy.submit(*common, calibration, threads)
+
+
+def _pretrained(params, begun: _Started) -> dict | None:
+    """The cell's calibrated policy, once its pretrain is done; None (and why, in `failed`)
+    when there is none."""
+    if begun.policy is None:
+        return None
+    begun.policy.wait()
+    if not begun.policy.state.is_completed():
+        reason = _reason(begun.policy.state)
+        begun.failed += [{"name": name, "error": reason} for name in _wanted_calibrated(params)]
+        return None
+    return begun.policy.result()
 
 
 def _calibrated_candidates(

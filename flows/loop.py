@@ -279,9 +279,10 @@ def _start_cells(
     def send_to_trials(cell_id: str) -> None:
         _request_cell_trials(fleet, params, root, cell_id)
 
-    # One cell at a time: the cells share the CPU (or GPU), and MLflow registers a dataset
-    # version's input once per experiment with a check-then-insert that concurrent runs of
-    # the same version break ("UNIQUE constraint failed: datasets...", seen with two cells).
+    # One cell at a time, but for the calibrated pretrains (processes of their own, started for
+    # every cell first): MLflow registers a dataset version's input once per experiment with a
+    # check-then-insert that concurrent runs of the same version break ("UNIQUE constraint
+    # failed: datasets...", seen with two cells).
     candidates.build(fleet, params, root, dataset_version, number, then=send_to_trials)
     fleet.lap("candidates")
 

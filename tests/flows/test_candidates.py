@@ -230,3 +230,30 @@ def test_trials_json_keeps_the_trialled_score_and_dvc_commits_only_a_run_finetun
     cell["prescreen"]["candidates"] = cell["prescreen"]["candidates"][:1]
     assert not _stage_ran(cell)  # calibrated alone: finetune@<cell> did not run
     assert _stage_ran({"training": {"model_version": "1"}})  # a summary from before
+
+
+def test_a_pretrain_runs_in_a_process_of_its_own_and_its_errors_come_back():
+    import os
+
+    from flows.candidates import in_child_process
+
+    assert in_child_process(os.getpid) != os.getpid()
+    with pytest.raises(ValueError, match="invalid literal"):
+        in_child_process(int, "not a number")
+
+
+@pytest.mark.parametrize(
+    ("threads", "cells", "cores", "expected"),
+    [(None, 1, 2, 2), (None, 3, 2, 1), (None, 2, 8, 4), (3, 3, 2, 3)],
+)
+def test_pretrains_side_by_side_share_the_cores(monkeypatch, threads, cells, cores, expected):
+    from dataclasses import replace
+
+    from flows import candidates
+    from pipelines.contract.params import load_params
+    from tests.conftest import ROOT
+
+    params = load_params(ROOT / "params.yaml")
+    params = replace(params, train=replace(params.train, threads=threads))
+    monkeypatch.setattr(candidates.os, "cpu_count", lambda: cores)
+    assert candidates._pretrain_threads(params, cells) == expected
