@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from pipelines.calibrate.parts import SIZE_GAP_M
+from pipelines.calibrate.sensing import SIZE_GAP_M
 
 CURRENT = "current.json"
 CALIBRATION_FILE = "sim-calibration.yaml"

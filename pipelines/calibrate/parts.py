@@ -6,7 +6,7 @@ show:
 
 - size: the footprint the cell measures at pick-up (`part_extent_m`, two axes) is twice the
   part's size plus the gauge's noise; episodes group by size where the sorted sizes leave a
-  gap wider than `SIZE_GAP_M` (single linkage on one axis), and each group's share is its
+  gap wider than `sensing.SIZE_GAP_M` (single linkage on one axis), and each group's share is its
   probability;
 - mass: a part's sliding load is friction times mass, and friction is the table's, so each
   group's load against the most common part's (what `fit_physics` fitted) is its mass scale,
@@ -22,13 +22,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
-from scipy.cluster.hierarchy import fcluster, linkage
 
 from pipelines.calibrate.logs import LoggedEpisode
 from pipelines.calibrate.physics import Simulator, grid_fit, has_window, replay_windows
-from pipelines.calibrate.sensing import Estimate, part_radius
+from pipelines.calibrate.sensing import Estimate, part_radius, size_clusters
 
-SIZE_GAP_M = 0.003  # sizes differ by 6 mm or more; one episode's size is known to about 1 mm
 MIN_SHARE = 0.03  # rarer groups are gauge outliers, not a variant worth pretraining on
 MIN_EPISODES = 5
 MIN_PUSH_WINDOWS = 3  # fewer first pushes: the group's mass scale is not identified
@@ -66,30 +64,21 @@ class PartGroup:
 
 def size_groups(episodes: Sequence[LoggedEpisode]) -> list[PartGroup]:
     """Episodes grouped by measured part size, most common first; mass scales not yet fitted."""
-    measured = [(e, part_radius(e)) for e in episodes]
-    measured = [(e, size) for e, size in measured if np.isfinite(size)]
-    if not measured:
-        return []
-    sizes = np.array([size for _, size in measured])
-    if len(sizes) == 1:
-        labels = np.ones(1, dtype=int)
-    else:
-        labels = fcluster(linkage(sizes[:, None], "single"), SIZE_GAP_M, criterion="distance")
-    kept = []
-    for label in np.unique(labels):
-        members = [e for (e, _), lab in zip(measured, labels, strict=True) if lab == label]
-        if len(members) >= MIN_EPISODES and len(members) >= MIN_SHARE * len(measured):
-            kept.append((members, sizes[labels == label]))
-    total = sum(len(members) for members, _ in kept)
-    groups = [
-        PartGroup(
-            size=Estimate(float(s.mean()), float(s.std(ddof=1) / np.sqrt(len(s)))),
-            share=_share(len(members), total),
-            mass_scale=Estimate(1.0, float("inf")),
-            episodes=members,
+    clusters = size_clusters(list(episodes))
+    measured = sum(len(members) for members in clusters)
+    kept = [m for m in clusters if len(m) >= MIN_EPISODES and len(m) >= MIN_SHARE * measured]
+    total = sum(len(members) for members in kept)
+    groups = []
+    for members in kept:
+        sizes = np.array([part_radius(e) for e in members])
+        groups.append(
+            PartGroup(
+                size=Estimate(float(sizes.mean()), float(sizes.std(ddof=1) / np.sqrt(len(sizes)))),
+                share=_share(len(members), total),
+                mass_scale=Estimate(1.0, float("inf")),
+                episodes=members,
+            )
         )
-        for members, s in kept
-    ]
     return sorted(groups, key=lambda g: -g.share.value)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.cluster.hierarchy import fcluster, linkage
 from scipy.optimize import least_squares
 
 from pipelines.calibrate.latency import LatencyFit, applied_commands
@@ -25,6 +26,7 @@ from pipelines.calibrate.logs import LoggedEpisode
 APPROACH_MARGIN_M = 0.04  # beyond any camera bias we expect: the pusher is surely clear
 PUSH_BAND_M = 0.015  # a pushing step: pusher-to-part distance within this of contact
 MIN_PUSH_SPEED_MPS = 0.05
+SIZE_GAP_M = 0.003  # sizes differ by 6 mm or more; one episode's size is known to about 1 mm
 
 
 def lighting(phase: float | np.ndarray) -> np.ndarray:
@@ -33,6 +35,20 @@ def lighting(phase: float | np.ndarray) -> np.ndarray:
 
 def part_radius(episode: LoggedEpisode) -> float:
     return float(np.nanmean(episode.part_extent_m)) / 2.0
+
+
+def size_clusters(episodes: list[LoggedEpisode]) -> list[list[LoggedEpisode]]:
+    """Episodes grouped by measured part size where the sorted sizes leave a gap wider than
+    SIZE_GAP_M (single linkage on one axis), the most common size first; episodes with no
+    size logged are left out. pipelines.calibrate.parts makes the part mix of them."""
+    measured = [e for e in episodes if np.isfinite(part_radius(e))]
+    if len(measured) < 2:
+        return [measured] if measured else []
+    sizes = np.array([[part_radius(e)] for e in measured])
+    labels = fcluster(linkage(sizes, "single"), SIZE_GAP_M, criterion="distance")
+    clusters = [[e for e, lab in zip(measured, labels, strict=True) if lab == label]
+                for label in np.unique(labels)]  # fmt: skip
+    return sorted(clusters, key=len, reverse=True)
 
 
 def clear_of_part(episode: LoggedEpisode, pusher_radius_m: float) -> np.ndarray:
@@ -160,16 +176,14 @@ def camera_bias(
 
 def reference_part_episodes(episodes: list[LoggedEpisode]) -> list[LoggedEpisode]:
     """Episodes with the most common part: their contact radius is known from the extent.
-    That part is the largest group of measured sizes (pipelines.calibrate.parts), and its
-    episodes those within 2 mm of the group's median extent. Not the median of all episodes:
-    where no part makes up half the line (cell-09 once a wide box came: its standard part
-    under half) that median falls between two parts' sizes and selects no episode."""
-    from pipelines.calibrate.parts import size_groups  # parts reads this module's geometry
-
-    groups = size_groups(episodes)
-    if not groups:
+    That part is the largest cluster of measured sizes, and its episodes those within 2 mm
+    of the cluster's median extent. Not the median of all episodes: where no part makes up
+    half the line (cell-09 once a wide box came: its standard part under half) that median
+    falls between two parts' sizes and selects no episode."""
+    clusters = size_clusters(episodes)
+    if not clusters:
         return []
-    typical = np.nanmedian([np.nanmean(e.part_extent_m) for e in groups[0].episodes])
+    typical = np.nanmedian([np.nanmean(e.part_extent_m) for e in clusters[0]])
     return [e for e in episodes if abs(np.nanmean(e.part_extent_m) - typical) < 0.002]
 
 
