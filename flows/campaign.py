@@ -29,8 +29,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,10 +44,12 @@ from flows.campaign_eval import (
     CACHE_FILE,
     EVAL_NICENESS,
     EXPERT,
+    DayFigures,
     EvalCache,
     EvalJob,
     cell_timeline,
     events_on_day,
+    fill_day,
     snapshot_production,
 )
 from flows.console import CommandError, emit, fails_cleanly, progress_bar, stderr
@@ -236,39 +236,6 @@ def run_campaign(campaign: Campaign, progress: bool = True) -> dict:
     return _document(campaign, cache)
 
 
-class DayFigures:
-    """Each day's held-out evaluations in the background, one day after another, while the
-    campaign takes up the next day (its shift, its loop): they read frozen copies of the
-    models (snapshot_production) on the line as it was that day (`--day`), so nothing the loop
-    does later changes them. Their processes run niced (EVAL_NICENESS): they fill the cores the
-    loop leaves idle (trial waits, single-threaded stages) instead of holding it up. The rows
-    are filled in on the campaign's thread, in day order (`collect`), never while it writes
-    them out."""
-
-    def __init__(self, cache: EvalCache):
-        self.cache = cache
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="day-figures")
-        self._pending: list[tuple[Future, Callable[[list[dict]], None]]] = []
-
-    def __enter__(self) -> DayFigures:
-        return self
-
-    def __exit__(self, *failed) -> None:
-        # A failed campaign does not wait for the evaluations queued behind it.
-        self._pool.shutdown(wait=True, cancel_futures=failed[0] is not None)
-
-    def submit(self, jobs: list[EvalJob], fill: Callable[[list[dict]], None]) -> None:
-        """Evaluate `jobs` after the days before; `fill(figures)` when collected."""
-        self._pending.append((self._pool.submit(self.cache.evaluate_many, jobs), fill))
-
-    def collect(self, wait: bool = False) -> None:
-        """Fill in the days evaluated so far (all of them, waiting, with `wait`); an
-        evaluation's error is raised here."""
-        while self._pending and (wait or self._pending[0][0].done()):
-            future, fill = self._pending.pop(0)
-            fill(future.result())
-
-
 @contextmanager
 def _running_cells(campaign: Campaign, root_json: Path):
     from flows.demo import Fleet, stop_cells
@@ -385,22 +352,7 @@ def _one_day(campaign: Campaign, ledger: DayLedger, figures: DayFigures, day: in
         }
         campaign.records[cell]["days"].append(row)
     # Every cell's figures of the day at once, `campaign.eval_workers` at a time.
-    figures.submit(list(jobs.values()), lambda found: _fill_day(rows, list(jobs), found, before))
-
-
-def _fill_day(rows: dict[str, dict], names: list, found: list[dict], before: dict) -> None:
-    """The day's held-out figures into its rows; a promotion's before and after."""
-    for (cell, name), figure in zip(names, found, strict=True):
-        rows[cell]["policies"][name] = figure
-    for cell, row in rows.items():
-        if row["promoted"]:
-            was = row["policies"].pop("replaced")
-            row["promotion"] = {
-                "from": str(before[cell][0]),
-                "to": row["production_model"]["policy"],
-                "before": was["success"],
-                "after": row["policies"]["production"]["success"],
-            }
+    figures.submit(list(jobs.values()), lambda found: fill_day(rows, list(jobs), found, before))
 
 
 def _loop_where_due(campaign: Campaign, rows: dict[str, dict], day: int) -> None:

@@ -14,7 +14,8 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,6 +121,54 @@ class EvalCache:
         temp = self.path.with_name(f".{self.path.name}.partial")
         temp.write_text(json.dumps(self.entries, indent=1))
         temp.replace(self.path)
+
+
+class DayFigures:
+    """Each day's held-out evaluations in the background, one day after another, while the
+    campaign takes up the next day (its shift, its loop): they read frozen copies of the
+    models (snapshot_production) on the line as it was that day (`--day`), so nothing the loop
+    does later changes them. Their processes run niced (EVAL_NICENESS): they fill the cores the
+    loop leaves idle (trial waits, single-threaded stages) instead of holding it up. The rows
+    are filled in on the campaign's thread, in day order (`collect`), never while it writes
+    them out."""
+
+    def __init__(self, cache: EvalCache):
+        self.cache = cache
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="day-figures")
+        self._pending: list[tuple[Future, Callable[[list[dict]], None]]] = []
+
+    def __enter__(self) -> DayFigures:
+        return self
+
+    def __exit__(self, *failed) -> None:
+        # A failed campaign does not wait for the evaluations queued behind it.
+        self._pool.shutdown(wait=True, cancel_futures=failed[0] is not None)
+
+    def submit(self, jobs: list[EvalJob], fill: Callable[[list[dict]], None]) -> None:
+        """Evaluate `jobs` after the days before; `fill(figures)` when collected."""
+        self._pending.append((self._pool.submit(self.cache.evaluate_many, jobs), fill))
+
+    def collect(self, wait: bool = False) -> None:
+        """Fill in the days evaluated so far (all of them, waiting, with `wait`); an
+        evaluation's error is raised here."""
+        while self._pending and (wait or self._pending[0][0].done()):
+            future, fill = self._pending.pop(0)
+            fill(future.result())
+
+
+def fill_day(rows: dict[str, dict], names: list, found: list[dict], before: dict) -> None:
+    """The day's held-out figures into its rows; a promotion's before and after."""
+    for (cell, name), figure in zip(names, found, strict=True):
+        rows[cell]["policies"][name] = figure
+    for cell, row in rows.items():
+        if row["promoted"]:
+            was = row["policies"].pop("replaced")
+            row["promotion"] = {
+                "from": str(before[cell][0]),
+                "to": row["production_model"]["policy"],
+                "before": was["success"],
+                "after": row["policies"]["production"]["success"],
+            }
 
 
 def run_cell_eval(

@@ -14,8 +14,7 @@ import pytest
 import yaml
 
 from flows import campaign_eval
-from flows.campaign import DayFigures
-from flows.campaign_eval import EvalCache, EvalJob, events_on_day
+from flows.campaign_eval import DayFigures, EvalCache, EvalJob, events_on_day
 from flows.campaign_report import compute_targets, plot_campaign
 from flows.demo import lower_priority
 from tests.conftest import ROOT, realloop, without_prefect_settings
