@@ -4,11 +4,18 @@ A reviewer opening a capture must see at a glance why it was kept and what the c
 the true part, where perception put it (with its yaw), the pusher with the motion it was
 commanded, the target, and in words the reason, the log time and the perception confidence.
 480 x 360 pixels, large enough to read without zooming.
+
+Everything that never changes (the table, its ticks and labels, the legend) is drawn once per
+thread and kept as a background; each snapshot restores it and draws only the cell's state and
+the caption over it (matplotlib's blitting). The text of a full figure is most of its cost:
+drawn each time, the snapshots took 60% of a recorded shift's CPU (docs/benchmarks.md,
+bench/refcell).
 """
 
 from __future__ import annotations
 
 import io
+import threading
 
 import numpy as np
 
@@ -21,28 +28,64 @@ _DPI = 80
 _ARROW_HORIZON_S = 0.5
 # Observation layout (refcell.cell.Cell.observation): perceived part x, y, yaw, confidence.
 _PART_XY, _PART_YAW, _CONFIDENCE = slice(4, 6), 6, 7
+# The drawing's styles, shared by the artists and their legend entries.
+_TARGET = {"color": "tab:green", "alpha": 0.5}
+_PART = {"color": "tab:blue"}
+_PERCEIVED = {"fill": False, "ls": "--", "lw": 1.5, "color": "navy"}
+_PUSHER = {"color": "tab:red"}
+_PUSHER_RADIUS_M = 0.012
+_COMMAND_ARROW = {"arrowstyle": "->", "color": "tab:red", "lw": 1.5}
+
+_local = threading.local()  # a matplotlib figure is not to be shared between threads
 
 
 def snapshot_png(cell: Cell, record: StepRecord, caption: str) -> bytes:
     """The labelled snapshot of the cell at `record`'s step as PNG bytes."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=(SIZE_PX[0] / _DPI, SIZE_PX[1] / _DPI), dpi=_DPI)
-    FigureCanvasAgg(figure)
-    axes = figure.add_axes((0.09, 0.07, 0.56, 0.70))
-    _draw_table(axes, cell, record)
-    figure.text(0.02, 0.98, caption, fontsize=9, va="top", family="monospace")
-    axes.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False)
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=_DPI)
-    return buffer.getvalue()
+    if not hasattr(_local, "drawing"):
+        _local.drawing = _Drawing()
+    return _local.drawing.png(cell, record, caption)
 
 
-def _draw_table(axes, cell: Cell, record: StepRecord) -> None:
-    from matplotlib.patches import Circle
+class _Drawing:
+    """The figure with its background drawn; `png` draws one snapshot over it."""
 
-    state = cell.true_state()
+    def __init__(self) -> None:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        self.figure = Figure(figsize=(SIZE_PX[0] / _DPI, SIZE_PX[1] / _DPI), dpi=_DPI)
+        self.canvas = FigureCanvasAgg(self.figure)
+        self.axes = self.figure.add_axes((0.09, 0.07, 0.56, 0.70))
+        _draw_table(self.axes)
+        self.canvas.draw()
+        self.background = self.canvas.copy_from_bbox(self.figure.bbox)
+
+    def png(self, cell: Cell, record: StepRecord, caption: str) -> bytes:
+        from PIL import Image
+
+        self.canvas.restore_region(self.background)
+        artists = _draw_state(self.axes, cell, record)
+        artists.append(
+            self.figure.text(0.02, 0.98, caption, fontsize=9, va="top", family="monospace")
+        )
+        renderer = self.canvas.get_renderer()
+        try:
+            for artist in sorted(artists, key=lambda a: a.get_zorder()):  # as a full draw would
+                artist.draw(renderer)
+        finally:
+            for artist in artists:
+                artist.remove()
+        pixels = np.asarray(self.canvas.buffer_rgba())[..., :3]
+        buffer = io.BytesIO()
+        Image.fromarray(pixels).save(buffer, format="PNG")
+        return buffer.getvalue()
+
+
+def _draw_table(axes) -> None:
+    """The background: the table's face and scales, and the legend of what `_draw_state` draws."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
     limit = PART_LIMIT_M
     axes.set_xlim(-limit, limit)
     axes.set_ylim(-limit, limit)
@@ -51,33 +94,40 @@ def _draw_table(axes, cell: Cell, record: StepRecord) -> None:
     axes.tick_params(labelsize=7)
     axes.set_xlabel("x (m)", fontsize=7)
     axes.set_ylabel("y (m)", fontsize=7)
-    tolerance = cell.params.success_tolerance_m
-    axes.add_patch(Circle(state.target, tolerance, color="tab:green", alpha=0.5, label="target"))
-    axes.add_patch(Circle(state.part, cell.part.size_m, color="tab:blue", label="part (true)"))
+    entries = [
+        Patch(**_TARGET, label="target"),
+        Patch(**_PART, label="part (true)"),
+        Patch(**_PERCEIVED, label="part (perceived)"),
+        Patch(**_PUSHER, label="pusher"),
+        Line2D([], [], color=_PUSHER["color"], label=f"commanded ({_ARROW_HORIZON_S:g} s)"),
+    ]
+    axes.legend(
+        handles=entries, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False
+    )
+
+
+def _draw_state(axes, cell: Cell, record: StepRecord) -> list:
+    """The cell at `record`'s step on the table, as artists of `axes` (not drawn yet)."""
+    from matplotlib.patches import Circle
+
+    state = cell.true_state()
+    size = cell.part.size_m
     perceived = record.observation[_PART_XY]
-    axes.add_patch(
-        Circle(
-            perceived,
-            cell.part.size_m,
-            fill=False,
-            ls="--",
-            lw=1.5,
-            color="navy",
-            label="part (perceived)",
-        )
-    )
     yaw = float(record.observation[_PART_YAW])
-    heading = perceived + cell.part.size_m * np.array([np.cos(yaw), np.sin(yaw)])
-    axes.plot(*zip(perceived, heading, strict=True), color="navy", lw=1.5)
-    axes.add_patch(Circle(state.pusher, 0.012, color="tab:red", label="pusher"))
+    heading = perceived + size * np.array([np.cos(yaw), np.sin(yaw)])
     motion = record.commanded * cell.params.max_speed_mps * _ARROW_HORIZON_S
-    axes.annotate(
-        "",
-        xy=state.pusher + motion,
-        xytext=state.pusher,
-        arrowprops={"arrowstyle": "->", "color": "tab:red", "lw": 1.5},
+    patches = [
+        Circle(state.target, cell.params.success_tolerance_m, **_TARGET),
+        Circle(state.part, size, **_PART),
+        Circle(perceived, size, **_PERCEIVED),
+        Circle(state.pusher, _PUSHER_RADIUS_M, **_PUSHER),
+    ]
+    artists = [axes.add_patch(patch) for patch in patches]
+    artists += axes.plot(*zip(perceived, heading, strict=True), color="navy", lw=1.5)
+    artists.append(
+        axes.annotate("", xy=state.pusher + motion, xytext=state.pusher, arrowprops=_COMMAND_ARROW)
     )
-    axes.plot([], [], color="tab:red", label=f"commanded ({_ARROW_HORIZON_S:g} s)")
+    return artists
 
 
 def caption(reason: str, time_iso: str, record: StepRecord, note: str) -> str:
