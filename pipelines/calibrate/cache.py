@@ -22,12 +22,12 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from pipelines.calibrate.sensing import SIZE_GAP_M
+from pipelines.calibrate.sensing import SAME_SIZE_M
 
 CURRENT = "current.json"
 CALIBRATION_FILE = "sim-calibration.yaml"
 POLICY_DIR = "policy"
-SAME_PART_SIZE_M = SIZE_GAP_M  # two calibrations name the same variant within this size
+SAME_PART_SIZE_M = SAME_SIZE_M  # two calibrations name the same variant within this size
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,8 @@ on the sim's one part never pushes the others, so the calibrated sim takes the m
 show:
 
 - size: the footprint the cell measures at pick-up (`part_extent_m`, two axes) is twice the
-  part's size plus the gauge's noise; episodes group by size where the sorted sizes leave a
-  gap wider than `sensing.SIZE_GAP_M` (single linkage on one axis), and each group's share is its
-  probability;
+  part's size plus the gauge's noise; episodes group by size (`sensing.size_clusters`: a
+  Gaussian mixture of the sizes), and each group's share is its probability;
 - mass: a part's sliding load is friction times mass, and friction is the table's, so each
   group's load against the most common part's (what `fit_physics` fitted) is its mass scale,
   fitted the same way: replay its first pushes under a grid of mass scales.
