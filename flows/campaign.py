@@ -238,16 +238,18 @@ def run_campaign(campaign: Campaign, progress: bool = True) -> dict:
 
 @contextmanager
 def _running_cells(campaign: Campaign, root_json: Path):
+    from flows.console import stopped_like_ctrl_c
     from flows.demo import Fleet, stop_cells
 
     fleet = Fleet(str(campaign.root / campaign.params.ingest.landing), "", campaign.cells)
-    try:
-        for index, cell in enumerate(campaign.cells):
-            fleet.processes[cell] = _start_cell(campaign, cell, root_json, index)
-        campaign.processes = fleet.processes
-        yield
-    finally:
-        stop_cells(fleet)
+    with stopped_like_ctrl_c():  # a killed campaign stops its cells too
+        try:
+            for index, cell in enumerate(campaign.cells):
+                fleet.processes[cell] = _start_cell(campaign, cell, root_json, index)
+            campaign.processes = fleet.processes
+            yield
+        finally:
+            stop_cells(fleet)
 
 
 def _start_cell(campaign: Campaign, cell: str, root_json: Path, index: int) -> subprocess.Popen:

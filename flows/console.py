@@ -42,6 +42,28 @@ def fails_cleanly(command: Callable) -> Callable:
     return wrapper
 
 
+@contextmanager
+def stopped_like_ctrl_c() -> Iterator[None]:
+    """Inside, SIGTERM (`kill`, a scheduler's stop) acts as Ctrl-C: a KeyboardInterrupt, so the
+    `finally` blocks run and the processes a command started are stopped, not left orphaned.
+    Outside the main thread (where Python delivers signals) it changes nothing."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def emit(payload: dict[str, Any], as_json: bool, human: Callable[[dict], None]) -> None:
     if as_json:
         sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")

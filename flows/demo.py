@@ -24,7 +24,7 @@ from typing import Annotated
 import typer
 import yaml
 
-from flows.console import CommandError, emit, fails_cleanly, stderr, stdout
+from flows.console import CommandError, emit, fails_cleanly, stderr, stdout, stopped_like_ctrl_c
 
 ParamsOpt = Annotated[Path, typer.Option("--params", help="params.yaml to read")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output on stdout")]
@@ -205,12 +205,13 @@ def deploy_initial(params_path: Path, policy: str, cell: str) -> None:
 
 @contextmanager
 def running_cells(fleet: Fleet, demo):
-    try:
-        for index, cell in enumerate(fleet.cells):
-            fleet.processes[cell] = start_cell(fleet, cell, demo, seed=1000 + index)
-        yield fleet
-    finally:
-        stop_cells(fleet)
+    with stopped_like_ctrl_c():  # a killed demo stops its cells too
+        try:
+            for index, cell in enumerate(fleet.cells):
+                fleet.processes[cell] = start_cell(fleet, cell, demo, seed=1000 + index)
+            yield fleet
+        finally:
+            stop_cells(fleet)
 
 
 def start_cell(fleet: Fleet, cell: str, demo, seed: int) -> subprocess.Popen:

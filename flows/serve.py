@@ -19,12 +19,11 @@ two schedules; the next `serve` resumes them.
 
 from __future__ import annotations
 
-import signal
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from flows.console import CommandError
+from flows.console import CommandError, stopped_like_ctrl_c
 from flows.prefect_env import api_url
 from pipelines.contract.params import Params, load_params
 
@@ -112,17 +111,11 @@ def serve(params_path: Path, ingest_source: str | None = None) -> None:
         raise CommandError(NO_SERVER)
     load_params(params_path)  # a bad params file fails here, in one line, before prefect loads
     # Until Prefect's runner installs its own graceful SIGTERM handler, stop like Ctrl-C.
-    previous = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        from prefect import serve as prefect_serve
+    with stopped_like_ctrl_c():
+        try:
+            from prefect import serve as prefect_serve
 
-        deployments = build_deployments(params_path, ingest_source)
-        prefect_serve(*deployments, print_starting_message=False)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+            deployments = build_deployments(params_path, ingest_source)
+            prefect_serve(*deployments, print_starting_message=False)
+        except KeyboardInterrupt:
+            pass
