@@ -207,6 +207,41 @@ def test_the_camera_reference_is_the_most_common_part_even_under_half_the_line()
     assert reference_part_episodes([]) == []
 
 
+def _pushes(rng, episodes: int, bias_m: np.ndarray, episode_error_m: float) -> list:
+    """Episodes of a 30 mm part, each pushed in a direction of its own: 20 pushing steps, the
+    perceived part at the contact distance plus the camera's bias, an error of the episode's
+    own (its contact point, the part's pose) and a little noise per step."""
+    contact = 0.012 + 0.015  # the pusher's radius + the part's
+    made = []
+    for i in range(episodes):
+        heading = rng.uniform(0, 2 * np.pi)
+        along = np.array([np.cos(heading), np.sin(heading)])
+        pusher = np.linspace(0.0, 0.05, 20)[:, None] * along
+        error = rng.normal(0, episode_error_m, 2)
+        part = pusher + contact * along + bias_m + error + rng.normal(0, 0.0003, (20, 2))
+        velocity = np.tile(0.2 * along, (20, 1))
+        steps = (pusher, velocity, part, np.zeros(20), np.ones(20), np.zeros((20, 2)))
+        made.append(LoggedEpisode(f"e{i}", "s", i / episodes, np.full(2, 0.030), *steps))
+    return made
+
+
+def test_the_camera_bias_standard_errors_count_episodes_not_steps():
+    """An episode's pushing steps share its error, so its 20 steps are worth about one draw:
+    the reported standard error must match the spread between shifts of an unchanged line.
+    Counted as independent steps it came out about a quarter of it here (and half of it on
+    cell-08's recorded shifts), and the loop re-pretrained for a camera that had not moved."""
+    from pipelines.calibrate.sensing import camera_bias
+
+    rng = np.random.default_rng(0)
+    bias = np.array([-0.004, -0.016])
+    shifts = [camera_bias(_pushes(rng, 60, bias, 0.0015), 0.012) for _ in range(12)]
+    for key, true in zip(("bias_x_m", "bias_y_m"), bias, strict=True):
+        values = np.array([s[key].value for s in shifts])
+        reported = np.mean([s[key].std for s in shifts])
+        assert values.mean() == pytest.approx(true, abs=0.001)
+        assert 0.6 < reported / values.std(ddof=1) < 1.7, key
+
+
 @pytest.mark.parametrize(
     ("text", "reason"),
     [
