@@ -218,7 +218,7 @@ class _PushingSteps:
     offsets: np.ndarray  # (n, 2) perceived part minus pusher, m
     radii: np.ndarray  # (n,) contact distance, m
     light: np.ndarray  # (n,) lighting level
-    episode: np.ndarray  # (n,) index of the step's episode
+    episode: np.ndarray  # (n,) index of the step's episode (int)
 
     def subset(self, keep: np.ndarray) -> _PushingSteps:
         return _PushingSteps(self.offsets[keep], self.radii[keep], self.light[keep],
@@ -264,8 +264,7 @@ def _jackknife(coef: np.ndarray, steps: _PushingSteps) -> np.ndarray:
     independent draws; counted as such, the standard errors came out about half the spread
     between calibrations of separate shifts of one unchanged line (0.4 against 0.7-1.3 mm on
     cell-08), and every other calibration looked like a moved camera (a new pretrain)."""
-    groups = np.unique(steps.episode) % JACKKNIFE_GROUPS
-    group_of_step = groups[np.searchsorted(np.unique(steps.episode), steps.episode)]
+    group_of_step = steps.episode % JACKKNIFE_GROUPS  # every group spans the shift's lighting
     present = np.unique(group_of_step)
     if len(present) < 2:
         return np.full((len(coef), len(coef)), np.inf)
