@@ -1,0 +1,119 @@
+"""Whose is a cell's gap to the expert: the calibration's, or the student's?
+
+    .venv/bin/python -m bench.student_gap --calibration CAL.yaml [--cell cell-09] [--day 0]
+        [--pretrain-seeds 7 8 9] [--episodes 100] [--workdir DIR] [--json]
+
+The loop's calibrated candidate is a student pretrained (behaviour cloning and DAgger, with
+the loop's settings: `loop.pretrain_*`) in the sim a calibration file describes. Its success on
+the line falls short of the privileged expert's for two reasons: the calibrated sim is not the
+line, and the student (one noisy, late frame in, no memory) is not the expert. This bench
+pretrains the same student twice per pretrain seed: in the calibrated sim (`calibrated`), and
+in the reference cell's TRUE line on that day with the same randomization ranges
+(`true_line`: the best any calibration could give). It evaluates both, and the expert, on the
+line with `realloop cell eval`'s held-out seeds (100 episodes each at three offsets into the
+shift). `calibration_share` = true_line - calibrated: what a better calibration could still
+win; `student_share` = expert - true_line: what only a better student can.
+
+CAL: any sim-calibration.yaml of the cell, e.g. a campaign workspace's
+`models/calibrated/<cell>/<hash>/sim-calibration.yaml`, or `realloop calibrate` on a recorded
+shift. Each pretrain seed costs two pretrains (about a minute each on one core for cell-09)
+and two evaluations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+from bench.cli import report_or_error
+
+EVAL_SEEDS = (90101, 90202, 90303)  # the campaign's held-out evaluation seeds
+ARMS = ("calibrated", "true_line")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.student_gap", description=__doc__)
+    parser.add_argument("--calibration", type=Path, required=True)
+    parser.add_argument("--cell", default="cell-09")
+    parser.add_argument("--day", type=float, default=0.0, help="the line as on this day")
+    parser.add_argument("--pretrain-seeds", type=int, nargs="+", default=[7, 8, 9])
+    parser.add_argument("--episodes", type=int, default=100, help="per evaluation seed")
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/realloop-student-gap"))
+    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    parser.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    args = parser.parse_args(argv)
+    return report_or_error("student_gap", lambda: run(args), print_report, args.json)
+
+
+def pretrain_worlds(args, pretrain_params) -> dict:
+    """(world, pretrain params) per arm: the calibrated sim, and the true line on the day with
+    the calibration's randomization ranges."""
+    from refcell.pretrain import calibrated_setup
+    from refcell.timeline import load_timeline, world_on_day
+    from refcell.world import load_world
+
+    world, ranged, _ = calibrated_setup(pretrain_params, args.calibration)
+    line = world_on_day(load_world(args.cell), load_timeline(args.cell), args.day)
+    return {"calibrated": (world, ranged), "true_line": (line, ranged)}
+
+
+def evaluate(policy: str, args) -> dict:
+    from flows.cell import run_eval_seeds
+
+    row = run_eval_seeds(
+        policy, args.cell, args.episodes, list(EVAL_SEEDS), False, args.params, args.day
+    )
+    return {k: row[k] for k in ("success_rate", "success_min", "success_max", "episodes")}
+
+
+def run(args) -> dict:
+    import time
+
+    from pipelines.contract.params import load_params
+    from pipelines.training.calibrated import loop_pretrain_params
+    from pipelines.training.policy import save_policy
+    from refcell.pretrain import pretrain_with_observations
+
+    params = load_params(args.params)
+    runs: dict[str, list[dict]] = {arm: [] for arm in ARMS}
+    for seed in args.pretrain_seeds:
+        seeded = dataclasses.replace(loop_pretrain_params(params), seed=seed)
+        for arm, (world, pretrain_params) in pretrain_worlds(args, seeded).items():
+            started = time.monotonic()
+            net, _ = pretrain_with_observations(world, params.cell, pretrain_params)
+            folder = save_policy(net, args.workdir / f"{arm}-seed-{seed}")
+            seconds = round(time.monotonic() - started, 1)
+            runs[arm].append({"seed": seed, "pretrain_s": seconds, **evaluate(str(folder), args)})
+    mean = {arm: sum(r["success_rate"] for r in rows) / len(rows) for arm, rows in runs.items()}
+    expert = evaluate("expert", args)
+    return {
+        "cell": args.cell,
+        "day": args.day,
+        "calibration": str(args.calibration),
+        "eval_seeds": list(EVAL_SEEDS),
+        "runs": runs,
+        "mean": mean,
+        "expert": expert,
+        "calibration_share": mean["true_line"] - mean["calibrated"],
+        "student_share": expert["success_rate"] - mean["true_line"],
+    }
+
+
+def print_report(report: dict) -> None:
+    print(f"{report['cell']} on day {report['day']:g}, eval seeds {report['eval_seeds']}")
+    for arm in ARMS:
+        rates = ", ".join(
+            f"{r['success_rate']:.1%} (seed {r['seed']})" for r in report["runs"][arm]
+        )
+        print(f"  {arm:<11} mean {report['mean'][arm]:.1%}: {rates}")
+    print(f"  expert      {report['expert']['success_rate']:.1%}")
+    print(
+        f"  gap to the expert: calibration {report['calibration_share']:+.1%}, "
+        f"student {report['student_share']:+.1%}"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

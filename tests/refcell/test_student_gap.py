@@ -1,0 +1,41 @@
+"""bench.student_gap: the student pretrained in the calibrated sim and in the true line must
+differ only in the world, never in the randomization or the day's events."""
+
+from __future__ import annotations
+
+from argparse import Namespace
+
+import pytest
+import yaml
+
+from bench.student_gap import pretrain_worlds
+from pipelines.contract.params import load_params
+from pipelines.training.calibrated import loop_pretrain_params
+from refcell.timeline import load_timeline, world_on_day
+from refcell.world import load_world
+
+
+def test_both_arms_share_the_calibrations_ranges_and_the_true_arm_is_the_line_that_day(
+    tmp_path,
+):
+    calibration = tmp_path / "sim-calibration.yaml"
+    calibration.write_text(
+        yaml.safe_dump(
+            {
+                "world": {"physics": {"friction": 0.5}, "perception": {"bias_y_m": 0.01}},
+                "randomization": {"friction": [0.45, 0.55]},
+            }
+        )
+    )
+    args = Namespace(calibration=calibration, cell="cell-09", day=4.0)
+    worlds = pretrain_worlds(args, loop_pretrain_params(load_params("params.yaml")))
+
+    (calibrated, ranges), (line, line_ranges) = worlds["calibrated"], worlds["true_line"]
+    assert line_ranges is ranges
+    assert tuple(ranges.randomization.friction) == (0.45, 0.55)
+    assert ranges.randomization.latency_steps is None  # the calibration's own delays
+    assert calibrated.physics.friction == 0.5
+    cell_09 = load_world("cell-09")
+    assert line == world_on_day(cell_09, load_timeline("cell-09"), 4.0)
+    # cell-09's camera was knocked 15 mm along +y on day 3: the day-4 line has it.
+    assert line.perception.bias_y_m == pytest.approx(cell_09.perception.bias_y_m + 0.015)
