@@ -1,7 +1,7 @@
 """Whose is a cell's gap to the expert: the calibration's, or the student's?
 
     .venv/bin/python -m bench.student_gap --calibration CAL.yaml [--cell cell-09] [--day 0]
-        [--pretrain-seeds 7 8 9] [--episodes 100] [--workdir DIR] [--json]
+        [--pretrain-seeds 7 8 9] [--set KEY=JSON ...] [--episodes 100] [--workdir DIR] [--json]
 
 The loop's calibrated candidate is a student pretrained (behaviour cloning and DAgger, with
 the loop's settings: `loop.pretrain_*`) in the sim a calibration file describes. Its success on
@@ -13,6 +13,10 @@ in the reference cell's TRUE line on that day with the same randomization ranges
 line with `realloop cell eval`'s held-out seeds (100 episodes each at three offsets into the
 shift). `calibration_share` = true_line - calibrated: what a better calibration could still
 win; `student_share` = expert - true_line: what only a better student can.
+
+`--set` changes the student's pretrain settings in both arms (e.g. `--set hidden=[256,256]`,
+`--set epochs=80`, `--set dagger_target_success=0.97`): keys of params.yaml `pretrain:`,
+values as JSON.
 
 CAL: any sim-calibration.yaml of the cell, e.g. a campaign workspace's
 `models/calibrated/<cell>/<hash>/sim-calibration.yaml`, or `realloop calibrate` on a recorded
@@ -39,12 +43,42 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cell", default="cell-09")
     parser.add_argument("--day", type=float, default=0.0, help="the line as on this day")
     parser.add_argument("--pretrain-seeds", type=int, nargs="+", default=[7, 8, 9])
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=JSON",
+        help="a pretrain setting for both arms, e.g. hidden=[256,256]",
+    )
     parser.add_argument("--episodes", type=int, default=100, help="per evaluation seed")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/realloop-student-gap"))
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     parser.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     args = parser.parse_args(argv)
     return report_or_error("student_gap", lambda: run(args), print_report, args.json)
+
+
+def pretrain_settings(params, overrides: list[str], seed: int):
+    """The loop's pretrain settings (`loop.pretrain_*` over `pretrain:`), `overrides` and
+    `seed` applied; ValueError (one line) for a key `pretrain:` does not have."""
+    import json
+
+    from pipelines.training.calibrated import loop_pretrain_params
+
+    settings = loop_pretrain_params(params)
+    changes = {"seed": seed}
+    for item in overrides:
+        key, _, value = item.partition("=")
+        if not hasattr(settings, key):
+            raise ValueError(f"--set {item}: pretrain has no setting {key!r}")
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            raise ValueError(f"--set {item}: {value!r} is not JSON") from None
+        changes[key] = tuple(parsed) if isinstance(parsed, list) else parsed  # as params reads
+
+    return dataclasses.replace(settings, **changes)
 
 
 def pretrain_worlds(args, pretrain_params) -> dict:
@@ -72,15 +106,14 @@ def run(args) -> dict:
     import time
 
     from pipelines.contract.params import load_params
-    from pipelines.training.calibrated import loop_pretrain_params
     from pipelines.training.policy import save_policy
     from refcell.pretrain import pretrain_with_observations
 
     params = load_params(args.params)
     runs: dict[str, list[dict]] = {arm: [] for arm in ARMS}
     for seed in args.pretrain_seeds:
-        seeded = dataclasses.replace(loop_pretrain_params(params), seed=seed)
-        for arm, (world, pretrain_params) in pretrain_worlds(args, seeded).items():
+        settings = pretrain_settings(params, args.overrides, seed)
+        for arm, (world, pretrain_params) in pretrain_worlds(args, settings).items():
             started = time.monotonic()
             net, _ = pretrain_with_observations(world, params.cell, pretrain_params)
             folder = save_policy(net, args.workdir / f"{arm}-seed-{seed}")
@@ -92,6 +125,7 @@ def run(args) -> dict:
         "cell": args.cell,
         "day": args.day,
         "calibration": str(args.calibration),
+        "overrides": args.overrides,
         "eval_seeds": list(EVAL_SEEDS),
         "runs": runs,
         "mean": mean,

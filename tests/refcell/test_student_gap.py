@@ -8,7 +8,7 @@ from argparse import Namespace
 import pytest
 import yaml
 
-from bench.student_gap import pretrain_worlds
+from bench.student_gap import pretrain_settings, pretrain_worlds
 from pipelines.contract.params import load_params
 from pipelines.training.calibrated import loop_pretrain_params
 from refcell.timeline import load_timeline, world_on_day
@@ -39,3 +39,14 @@ def test_both_arms_share_the_calibrations_ranges_and_the_true_arm_is_the_line_th
     assert line == world_on_day(cell_09, load_timeline("cell-09"), 4.0)
     # cell-09's camera was knocked 15 mm along +y on day 3: the day-4 line has it.
     assert line.perception.bias_y_m == pytest.approx(cell_09.perception.bias_y_m + 0.015)
+
+
+def test_settings_changed_with_set_are_checked_against_pretrains_keys():
+    params = load_params("params.yaml")
+    settings = pretrain_settings(params, ["hidden=[256, 256]", "epochs=80"], seed=8)
+    assert (settings.hidden, settings.epochs, settings.seed) == ((256, 256), 80, 8)
+    assert settings.dagger_rounds == params.loop.pretrain_dagger_rounds  # the loop's, kept
+    with pytest.raises(ValueError, match="pretrain has no setting 'hiden'"):
+        pretrain_settings(params, ["hiden=[64]"], seed=8)
+    with pytest.raises(ValueError, match="is not JSON"):
+        pretrain_settings(params, ["epochs=eighty"], seed=8)
