@@ -51,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KEY=JSON",
         help="a pretrain setting for both arms, e.g. hidden=[256,256]",
     )
+    parser.add_argument(
+        "--arms", nargs="+", choices=ARMS, default=list(ARMS), help="which students to pretrain"
+    )
     parser.add_argument("--episodes", type=int, default=100, help="per evaluation seed")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/realloop-student-gap"))
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
@@ -110,17 +113,21 @@ def run(args) -> dict:
     from refcell.pretrain import pretrain_with_observations
 
     params = load_params(args.params)
-    runs: dict[str, list[dict]] = {arm: [] for arm in ARMS}
+    runs: dict[str, list[dict]] = {arm: [] for arm in args.arms}
     for seed in args.pretrain_seeds:
         settings = pretrain_settings(params, args.overrides, seed)
-        for arm, (world, pretrain_params) in pretrain_worlds(args, settings).items():
+        worlds = pretrain_worlds(args, settings)
+        for arm in args.arms:
+            world, pretrain_params = worlds[arm]
             started = time.monotonic()
             net, _ = pretrain_with_observations(world, params.cell, pretrain_params)
             folder = save_policy(net, args.workdir / f"{arm}-seed-{seed}")
             seconds = round(time.monotonic() - started, 1)
             runs[arm].append({"seed": seed, "pretrain_s": seconds, **evaluate(str(folder), args)})
-    mean = {arm: sum(r["success_rate"] for r in rows) / len(rows) for arm, rows in runs.items()}
+    rates = {arm: [r["success_rate"] for r in rows] for arm, rows in runs.items()}
+    mean = {arm: sum(values) / len(values) for arm, values in rates.items()}
     expert = evaluate("expert", args)
+    both = len(mean) == len(ARMS)
     return {
         "cell": args.cell,
         "day": args.day,
@@ -129,24 +136,26 @@ def run(args) -> dict:
         "eval_seeds": list(EVAL_SEEDS),
         "runs": runs,
         "mean": mean,
+        "range": {arm: [min(values), max(values)] for arm, values in rates.items()},
         "expert": expert,
-        "calibration_share": mean["true_line"] - mean["calibrated"],
-        "student_share": expert["success_rate"] - mean["true_line"],
+        "calibration_share": mean["true_line"] - mean["calibrated"] if both else None,
+        "student_share": expert["success_rate"] - mean["true_line"] if both else None,
     }
 
 
 def print_report(report: dict) -> None:
     print(f"{report['cell']} on day {report['day']:g}, eval seeds {report['eval_seeds']}")
-    for arm in ARMS:
+    for arm in report["runs"]:
         rates = ", ".join(
             f"{r['success_rate']:.1%} (seed {r['seed']})" for r in report["runs"][arm]
         )
         print(f"  {arm:<11} mean {report['mean'][arm]:.1%}: {rates}")
     print(f"  expert      {report['expert']['success_rate']:.1%}")
-    print(
-        f"  gap to the expert: calibration {report['calibration_share']:+.1%}, "
-        f"student {report['student_share']:+.1%}"
-    )
+    if report["calibration_share"] is not None:
+        print(
+            f"  gap to the expert: calibration {report['calibration_share']:+.1%}, "
+            f"student {report['student_share']:+.1%}"
+        )
 
 
 if __name__ == "__main__":

@@ -85,7 +85,12 @@ def pretrain_with_observations(
     obs, labels, _ = collect_labelled(
         cell, Expert(), params, 0, params.demo_episodes, progress, "expert demos"
     )
-    train = dict(batch_size=params.batch_size, learning_rate=params.learning_rate, seed=params.seed)
+    train = dict(
+        batch_size=params.batch_size,
+        learning_rate=params.learning_rate,
+        learning_rate_schedule=params.learning_rate_schedule,
+        seed=params.seed,
+    )
     fit(net, obs, labels, epochs=params.epochs, on_epoch=on_epoch, **train)
     round_, rate = 0, 0.0
     while _another_round(params, round_, rate):

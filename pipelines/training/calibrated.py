@@ -73,6 +73,7 @@ def loop_pretrain_params(params: Params) -> PretrainParams:
         dagger_target_success=loop.pretrain_dagger_target_success,
         dagger_episodes=loop.pretrain_dagger_episodes,
         epochs=loop.pretrain_epochs,
+        learning_rate_schedule=loop.pretrain_learning_rate_schedule,
     )
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from pipelines.contract.params import LearningRateSchedule
 from pipelines.training.policy import PolicyNet
 
 
@@ -55,6 +56,7 @@ def fit(
     seed: int,
     weights: np.ndarray | None = None,
     val_fraction: float = 0.1,
+    learning_rate_schedule: LearningRateSchedule = "constant",
     on_epoch: Callable[[EpochMetrics], None] | None = None,
     threads: int | None = None,
     trainable: list[nn.Parameter] | None = None,
@@ -63,15 +65,16 @@ def fit(
     """Minimise (weighted) squared action error; hold out `val_fraction` for a val loss.
     `threads`: torch's intra-op threads while training (None: its default). `trainable`: the
     parameters the optimiser moves (None: all of `net`'s). `penalty`: a term added to every
-    batch's loss (a regulariser; the reported losses are the action error alone)."""
+    batch's loss (a regulariser; the reported losses are the action error alone).
+    `learning_rate_schedule`: "cosine" anneals the rate to zero over the fit's steps."""
     with intra_op_threads(threads):
         return _fit(net, observations, actions, epochs, batch_size, learning_rate, seed, weights,
-                    val_fraction, on_epoch, trainable, penalty)  # fmt: skip
+                    val_fraction, on_epoch, trainable, penalty, learning_rate_schedule)  # fmt: skip
 
 
 def _fit(
     net, observations, actions, epochs, batch_size, learning_rate, seed, weights, val_fraction,
-    on_epoch, trainable=None, penalty=None,
+    on_epoch, trainable=None, penalty=None, learning_rate_schedule="constant",
 ) -> list[EpochMetrics]:  # fmt: skip
     generator = seed_everything(seed)
     x = torch.from_numpy(np.asarray(observations, dtype=np.float32))
@@ -85,6 +88,7 @@ def _fit(
     optimizer = torch.optim.Adam(
         net.parameters() if trainable is None else trainable, lr=learning_rate
     )
+    schedule = _schedule(optimizer, learning_rate_schedule, epochs * -(-len(train) // batch_size))
     history = []
     for epoch in range(epochs):
         net.train()
@@ -95,6 +99,7 @@ def _fit(
             optimizer.zero_grad()
             (loss if penalty is None else loss + penalty()).backward()
             optimizer.step()
+            schedule.step()
             total += loss.item() * len(idx)
         metrics = EpochMetrics(epoch, total / max(len(train), 1), _evaluate(net, x, y, w, val))
         history.append(metrics)
@@ -102,6 +107,14 @@ def _fit(
             on_epoch(metrics)
     net.eval()
     return history
+
+
+def _schedule(
+    optimizer: torch.optim.Optimizer, kind: LearningRateSchedule, steps: int
+) -> torch.optim.lr_scheduler.LRScheduler:
+    if kind == "cosine":
+        return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(steps, 1))
+    return torch.optim.lr_scheduler.ConstantLR(optimizer, factor=1.0)
 
 
 def _weighted_mse(pred: torch.Tensor, target: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

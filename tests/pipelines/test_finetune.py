@@ -236,3 +236,42 @@ def test_the_thread_count_changes_no_weight_and_the_callers_setting_comes_back()
         torch.set_num_threads(before)
     assert seen == [2, 2, 1, 1]
     assert torch.equal(weights[0], weights[1])
+
+
+def test_a_cosine_schedule_brings_the_weights_to_rest_and_constant_changes_nothing():
+    """Annealed, the last epoch barely moves the weights (the rate is near zero there); held,
+    it moves them as much as ever. "constant" is the old fit, to the byte."""
+    from pipelines.training.train import fit
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(600, OBS_SIZE)).astype(np.float32)
+    y = rng.uniform(-1, 1, size=(600, 2)).astype(np.float32)
+
+    def weights(net):
+        return torch.cat([p.detach().flatten() for p in net.parameters()]).clone()
+
+    def last_epoch_move(schedule):
+        torch.manual_seed(0)
+        net = PolicyNet(PolicyConfig())
+        seen = []
+        fit(
+            net,
+            x,
+            y,
+            epochs=6,
+            batch_size=64,
+            learning_rate=1e-3,
+            seed=3,
+            learning_rate_schedule=schedule,
+            on_epoch=lambda _: seen.append(weights(net)),
+        )
+        first, last = seen[1] - seen[0], seen[-1] - seen[-2]
+        return float(last.norm() / first.norm()), seen[-1]
+
+    held, held_weights = last_epoch_move("constant")
+    annealed, _ = last_epoch_move("cosine")
+    assert annealed < 0.1 < held
+    torch.manual_seed(0)
+    default = PolicyNet(PolicyConfig())
+    fit(default, x, y, epochs=6, batch_size=64, learning_rate=1e-3, seed=3)
+    assert torch.equal(weights(default), held_weights)
