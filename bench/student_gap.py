@@ -18,6 +18,12 @@ win; `student_share` = expert - true_line: what only a better student can.
 `--set epochs=80`, `--set dagger_target_success=0.97`): keys of params.yaml `pretrain:`,
 values as JSON.
 
+`--finetune-on WORKSPACE` also fine-tunes every student the way the loop makes its
+`calibrated_finetune` candidate (`train:` with `loop.calibrated_finetune_mode`), on the line
+data the loop trained that candidate on in cycle `--finetune-cycle` (default 0) of a campaign or
+loop workspace (the run's `training_batches.json` in the workspace's MLflow store), and
+evaluates it too: `finetuned` is what the student would bring to trials.
+
 CAL: any sim-calibration.yaml of the cell, e.g. a campaign workspace's
 `models/calibrated/<cell>/<hash>/sim-calibration.yaml`, or `realloop calibrate` on a recorded
 shift. Each pretrain seed costs two pretrains (about a minute each on one core for cell-09)
@@ -54,6 +60,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--arms", nargs="+", choices=ARMS, default=list(ARMS), help="which students to pretrain"
     )
+    parser.add_argument(
+        "--finetune-on",
+        type=Path,
+        metavar="WORKSPACE",
+        help="also fine-tune each student on the line data of this workspace's loop cycle",
+    )
+    parser.add_argument("--finetune-cycle", type=int, default=0, metavar="N")
     parser.add_argument("--episodes", type=int, default=100, help="per evaluation seed")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/realloop-student-gap"))
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
@@ -96,6 +109,31 @@ def pretrain_worlds(args, pretrain_params) -> dict:
     return {"calibrated": (world, ranged), "true_line": (line, ranged)}
 
 
+def line_training_set(params, workspace: Path, cell: str, cycle: int):
+    """The examples the loop fine-tuned `cell`'s calibrated candidate on in `cycle` of
+    `workspace`: the batches its MLflow run recorded, read from the workspace's dataset."""
+    from pipelines.training.cycle_runs import stage_run_name
+    from pipelines.training.retrain import training_set
+    from pipelines.training.tracking import logged_training_batches
+
+    name = stage_run_name("finetune-calibrated", cell, cycle)
+    batches = logged_training_batches(workspace, params.train.experiment, name)
+    if batches is None:
+        raise ValueError(
+            f"{workspace}: no MLflow run {name!r} with its training batches; "
+            "give a campaign or loop workspace where that cycle ran"
+        )
+    return training_set(params, workspace / params.ingest.dataset, batches)
+
+
+def finetuned(net, data, params):
+    """`net` fine-tuned as the loop fine-tunes its calibrated candidate (flows/candidates.py)."""
+    from pipelines.training.finetune import finetune
+
+    recipe = dataclasses.replace(params.train, mode=params.loop.calibrated_finetune_mode)
+    return finetune(net, data, recipe, f"{net.config.version}-finetuned")[0]
+
+
 def evaluate(policy: str, args) -> dict:
     from flows.cell import run_eval_seeds
 
@@ -113,6 +151,9 @@ def run(args) -> dict:
     from refcell.pretrain import pretrain_with_observations
 
     params = load_params(args.params)
+    line_data = None
+    if args.finetune_on is not None:
+        line_data = line_training_set(params, args.finetune_on, args.cell, args.finetune_cycle)
     runs: dict[str, list[dict]] = {arm: [] for arm in args.arms}
     for seed in args.pretrain_seeds:
         settings = pretrain_settings(params, args.overrides, seed)
@@ -123,7 +164,13 @@ def run(args) -> dict:
             net, _ = pretrain_with_observations(world, params.cell, pretrain_params)
             folder = save_policy(net, args.workdir / f"{arm}-seed-{seed}")
             seconds = round(time.monotonic() - started, 1)
-            runs[arm].append({"seed": seed, "pretrain_s": seconds, **evaluate(str(folder), args)})
+            row = {"seed": seed, "pretrain_s": seconds, **evaluate(str(folder), args)}
+            if line_data is not None:
+                tuned = save_policy(
+                    finetuned(net, line_data, params), args.workdir / f"{arm}-seed-{seed}-ft"
+                )
+                row["finetuned"] = evaluate(str(tuned), args)
+            runs[arm].append(row)
     rates = {arm: [r["success_rate"] for r in rows] for arm, rows in runs.items()}
     mean = {arm: sum(values) / len(values) for arm, values in rates.items()}
     expert = evaluate("expert", args)
@@ -133,14 +180,37 @@ def run(args) -> dict:
         "day": args.day,
         "calibration": str(args.calibration),
         "overrides": args.overrides,
+        "finetuned_on": _finetuned_on(args, line_data),
         "eval_seeds": list(EVAL_SEEDS),
         "runs": runs,
         "mean": mean,
         "range": {arm: [min(values), max(values)] for arm, values in rates.items()},
+        "finetuned": _finetuned_summary(runs) if line_data is not None else None,
         "expert": expert,
         "calibration_share": mean["true_line"] - mean["calibrated"] if both else None,
         "student_share": expert["success_rate"] - mean["true_line"] if both else None,
     }
+
+
+def _finetuned_on(args, line_data) -> dict | None:
+    if line_data is None:
+        return None
+    return {
+        "workspace": str(args.finetune_on),
+        "cycle": args.finetune_cycle,
+        "episodes": line_data.episodes_used,
+        "examples": len(line_data),
+        "correction_steps": line_data.correction_steps,
+    }
+
+
+def _finetuned_summary(runs: dict) -> dict:
+    """Per arm, the fine-tuned students' mean and range of line success."""
+    summary = {}
+    for arm, rows in runs.items():
+        values = [r["finetuned"]["success_rate"] for r in rows]
+        summary[arm] = {"mean": sum(values) / len(values), "range": [min(values), max(values)]}
+    return summary
 
 
 def print_report(report: dict) -> None:
@@ -150,6 +220,10 @@ def print_report(report: dict) -> None:
             f"{r['success_rate']:.1%} (seed {r['seed']})" for r in report["runs"][arm]
         )
         print(f"  {arm:<11} mean {report['mean'][arm]:.1%}: {rates}")
+        if report["finetuned"] is not None:
+            tuned = ", ".join(f"{r['finetuned']['success_rate']:.1%}" for r in report["runs"][arm])
+            mean = report["finetuned"][arm]["mean"]
+            print(f"  {'  finetuned':<11} mean {mean:.1%}: {tuned}")
     print(f"  expert      {report['expert']['success_rate']:.1%}")
     if report["calibration_share"] is not None:
         print(

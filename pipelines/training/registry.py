@@ -37,6 +37,7 @@ from pipelines.training.tracking import (
     jsonable,
     mlflow_client,
     quiet_mlflow,
+    run_json,
     tracking_uri,
 )
 
@@ -105,7 +106,7 @@ def register_policy(
         POLICY_VERSION_TAG: policy.name,
         DATASET_VERSION_TAG: run.data.tags.get(DATASET_VERSION_TAG, ""),
     }
-    batches = (_run_json(client, run_id, TRAINING_BATCHES_ARTIFACT) or {}).get("batches")
+    batches = (run_json(client, run_id, TRAINING_BATCHES_ARTIFACT) or {}).get("batches")
     card = model_card(client.get_run(run_id), policy.name, batches)
     # Registering a logged model reads it back through MLflow's process-wide client.
     with in_process_store(tracking_uri(current_workspace(workspace))):
@@ -213,7 +214,7 @@ def record_gate(
     client.log_batch(run_id, metrics=metrics)
     client.log_dict(run_id, jsonable(dict(gate_record)), GATE_ARTIFACT)
     run = client.get_run(run_id)
-    batches = (_run_json(client, run_id, TRAINING_BATCHES_ARTIFACT) or {}).get("batches")
+    batches = (run_json(client, run_id, TRAINING_BATCHES_ARTIFACT) or {}).get("batches")
     tags = client.get_model_version(registered_model, str(version)).tags
     policy = tags.get(POLICY_VERSION_TAG) or f"{registered_model} version {version}"
     card = model_card(run, policy, batches, gate_record)
@@ -384,13 +385,13 @@ def model_version_record(
         return record
     client = mlflow_client(workspace)
     run = client.get_run(info.run_id)
-    batches = _run_json(client, info.run_id, TRAINING_BATCHES_ARTIFACT) or {}
+    batches = run_json(client, info.run_id, TRAINING_BATCHES_ARTIFACT) or {}
     record.update(
         dataset_version=record["dataset_version"] or run.data.tags.get(DATASET_VERSION_TAG),
         params=dict(run.data.params),
         training_batches=batches.get("batches", []),
         base_policy=batches.get("base_policy") or run.data.tags.get(BASE_POLICY_TAG),
-        gate=_run_json(client, info.run_id, GATE_ARTIFACT),
+        gate=run_json(client, info.run_id, GATE_ARTIFACT),
     )
     record["run"] = {
         "run_id": run.info.run_id,
@@ -530,15 +531,6 @@ def _local_path(uri: str) -> Path | None:
     if parsed.scheme == "" and Path(uri).is_absolute():
         return Path(uri)
     return None
-
-
-def _run_json(client: MlflowClient, run_id: str, artifact: str) -> Any:
-    """A small JSON artifact of a run, or None when the run has none."""
-    names = {a.path for a in client.list_artifacts(run_id)}
-    if artifact not in names:
-        return None
-    with tempfile.TemporaryDirectory() as tmp:
-        return json.loads(Path(client.download_artifacts(run_id, artifact, tmp)).read_text())
 
 
 def _registered_from_run(

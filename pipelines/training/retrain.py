@@ -53,7 +53,7 @@ def fine_tune_and_register(
         raise ValueError(f"{dataset}: no validated batches{whose} to train on")
     train = params.train
     out = Path(out) if out is not None else workspace / train.out / (cell_id or "")
-    data = _training_set(params, dataset, batches)
+    data = training_set(params, dataset, batches)
     base_policy = load_policy(base)
     who = cell_id or "all cells"
     parent = None
@@ -109,7 +109,7 @@ def fine_tune_and_register(
     }
 
 
-def _training_set(params: Params, dataset: Path, batches: list[str]) -> TrainingSet:
+def training_set(params: Params, dataset: Path, batches: list[str]) -> TrainingSet:
     """The batches' examples, novel-part episodes weighed up (triage.novel_part_weight). The
     part is judged from the logs alone, not the captures: the finetune stage's DVC inputs are
     the dataset, and the logs find 96-99% of those episodes (docs/triage.md)."""

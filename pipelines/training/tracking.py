@@ -366,6 +366,32 @@ def log_training_batches(
     client.log_dict(run_id, record, TRAINING_BATCHES_ARTIFACT)
 
 
+def run_json(client: MlflowClient, run_id: str, artifact: str) -> Any:
+    """A small JSON artifact of a run, or None when the run has none."""
+    names = {a.path for a in client.list_artifacts(run_id)}
+    if artifact not in names:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        return json.loads(Path(client.download_artifacts(run_id, artifact, tmp)).read_text())
+
+
+def logged_training_batches(workspace: Path, experiment: str, run_name: str) -> list[str] | None:
+    """The batches that the newest run called `run_name` in `experiment` trained on (what
+    log_training_batches recorded), or None when there is no such run or record."""
+    client = mlflow_client(workspace)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return None
+    runs = client.search_runs(
+        [found.experiment_id],
+        filter_string=f"attributes.run_name = '{run_name}'",
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
+    record = run_json(client, runs[0].info.run_id, TRAINING_BATCHES_ARTIFACT) if runs else None
+    return None if record is None else list(record["batches"])
+
+
 def log_edge_export(
     record: Mapping[str, Any], run_id: str | None = None, *, workspace: Path | None = None
 ) -> None:

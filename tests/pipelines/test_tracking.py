@@ -36,6 +36,7 @@ from pipelines.training.tracking import (
     EpochLogger,
     log_learning_curve,
     log_training_batches,
+    logged_training_batches,
     start_finetune_run,
     tracking_uri,
     use_workspace,
@@ -170,6 +171,18 @@ def logged_model(trained):
     client = client_for(trained.workspace)
     (output,) = client.get_run(trained.run.run_id).outputs.model_outputs
     return client.get_logged_model(output.model_id)
+
+
+def test_a_runs_training_batches_are_read_back_by_its_name_and_a_missing_run_is_none(
+    trained, params
+):
+    experiment = params.train.experiment
+    read = logged_training_batches(trained.workspace, experiment, "finetune cell-07")
+    assert read == sorted(BATCHES)
+    assert logged_training_batches(trained.workspace, experiment, "finetune cell-08") is None
+    assert (
+        logged_training_batches(trained.workspace, "no-such-experiment", "finetune cell-07") is None
+    )
 
 
 def test_run_artifacts_are_the_learning_curve_and_batches_and_the_policy_a_logged_model(trained):

@@ -8,7 +8,7 @@ from argparse import Namespace
 import pytest
 import yaml
 
-from bench.student_gap import pretrain_settings, pretrain_worlds
+from bench.student_gap import line_training_set, pretrain_settings, pretrain_worlds
 from pipelines.contract.params import load_params
 from pipelines.training.calibrated import loop_pretrain_params
 from refcell.timeline import load_timeline, world_on_day
@@ -50,3 +50,14 @@ def test_settings_changed_with_set_are_checked_against_pretrains_keys():
         pretrain_settings(params, ["hiden=[64]"], seed=8)
     with pytest.raises(ValueError, match="is not JSON"):
         pretrain_settings(params, ["epochs=eighty"], seed=8)
+
+
+def test_fine_tuning_on_a_workspace_where_the_cycle_never_ran_is_one_line_saying_so(
+    tmp_path, monkeypatch
+):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    with pytest.raises(ValueError) as error:
+        line_training_set(load_params("params.yaml"), tmp_path, "cell-09", 2)
+    message = str(error.value)
+    assert "\n" not in message
+    assert message.startswith(f"{tmp_path}: no MLflow run 'finetune-calibrated cell-09 cycle 2'")
