@@ -31,6 +31,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output o
 DEMO_DIR = Path(".realloop/demo")  # the demo's params, the cells' boxes and logs
 S3_ENV = "REALLOOP_DEMO_S3"
 CELL_STOP_S = 120.0  # SIGTERM lets a cell finish its episode and upload; then SIGKILL
+BOX_PULL_S = 60.0  # a cell pulls between episodes, every few seconds: time to take its release
 
 
 @dataclass
@@ -69,6 +70,7 @@ def demo_command(params_path: ParamsOpt = Path("params.yaml"), as_json: JsonOpt 
             shift_files = -(-params.demo.episodes_per_shift // params.record.episodes_per_file)
             wait_for_shifts(fleet, shift_files, params.demo.first_shift_timeout_s)
             cycles = _run_cycles(demo_params, fleet, params.demo.max_cycles, as_json)
+            wait_for_boxes(promoted_versions(cycles), BOX_PULL_S)
     report = {
         "cycles": cycles,
         "boxes": {cell: box_status(cell) for cell in fleet.cells},
@@ -258,6 +260,35 @@ def wait_for_shifts(fleet: Fleet, files: int, timeout_s: float) -> None:
                 raise CommandError(f"no shift log from {sorted(waiting)} in {timeout_s:.0f} s")
             status.update(f"demo: waiting for a shift from {', '.join(sorted(waiting))}")
             time.sleep(2.0)
+
+
+def promoted_versions(cycles: list[dict]) -> dict[str, str]:
+    """Per cell, the model version its last promotion published (`_run_cycles`' rows)."""
+    from flows.cycle import PROMOTED
+
+    return {
+        row["cell"]: str(row["promoted_version"])
+        for cycle in cycles
+        for row in cycle["cells"]
+        if row["outcome"] == PROMOTED
+    }
+
+
+def wait_for_boxes(versions: dict[str, str], timeout_s: float) -> None:
+    """Keep the cells running until each box has activated the version published for it, so
+    the report shows what the boxes run after the demo, not before its last promotion."""
+    deadline = time.monotonic() + timeout_s
+    with stderr.status("demo: waiting for the boxes to take their releases"):
+        while versions and time.monotonic() < deadline:
+            versions = {
+                cell: version
+                for cell, version in versions.items()
+                if str(box_status(cell).get("model_version")) != version
+            }
+            if versions:
+                time.sleep(1.0)
+    for cell, version in versions.items():
+        stderr.print(f"demo: {cell}'s box has not taken version {version} in {timeout_s:.0f} s")
 
 
 def _check_alive(fleet: Fleet) -> None:
