@@ -5,8 +5,9 @@ box and clock, and meet the orchestrator only through storage: a landing zone an
 channel, folders by default or an S3-compatible server on loopback (REALLOOP_DEMO_S3=1). The
 demo pretrains the sim policy if it is absent, deploys it to each cell as its first
 production model (a recorded override), lets each cell record a shift, then runs loop cycles
-until every cell has had one gated promotion or `demo.max_cycles` cycles have passed, stops the
-cells cleanly and prints one row per cycle and cell.
+until every cell has had one gated promotion or `demo.max_cycles` cycles have passed, waits
+for each promoted cell's box to take its release, stops the cells cleanly and prints one row
+per cycle and cell.
 """
 
 from __future__ import annotations
