@@ -377,7 +377,11 @@ def run_json(client: MlflowClient, run_id: str, artifact: str) -> Any:
 
 def logged_training_batches(workspace: Path, experiment: str, run_name: str) -> list[str] | None:
     """The batches that the newest run called `run_name` in `experiment` trained on (what
-    log_training_batches recorded), or None when there is no such run or record."""
+    log_training_batches recorded), or None when there is no such run or record. A workspace
+    without its store is answered without creating one."""
+    uri = tracking_uri(workspace)
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
+        return None
     client = mlflow_client(workspace)
     found = client.get_experiment_by_name(experiment)
     if found is None:

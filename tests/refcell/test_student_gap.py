@@ -61,3 +61,4 @@ def test_fine_tuning_on_a_workspace_where_the_cycle_never_ran_is_one_line_saying
     message = str(error.value)
     assert "\n" not in message
     assert message.startswith(f"{tmp_path}: no MLflow run 'finetune-calibrated cell-09 cycle 2'")
+    assert list(tmp_path.iterdir()) == []  # nothing written where there was no workspace
