@@ -37,7 +37,7 @@ class SimReplay:
         self, physics: Sequence[Mapping[str, float]], batch: ReplayBatch
     ) -> list[ReplayResult]:
         """One result per candidate in `physics`, each over every window of `batch`."""
-        part = PartVariant("replayed", "cylinder", batch.part_radius_m, 1.0, 1.0)
+        part = PartVariant("replayed", batch.part_shape, batch.part_radius_m, 1.0, 1.0)
         models = [self._model(candidate, part) for candidate in physics]
         datas = [mujoco.MjData(models[0]) for _ in range(self.threads)]
         start = self._initial_states(models[0], datas[0], batch)
@@ -56,6 +56,7 @@ class SimReplay:
                 pusher=chunk[..., qpos : qpos + 2],
                 pusher_velocity=chunk[..., qvel : qvel + 2],
                 part=chunk[..., qpos + 2 : qpos + 4],
+                part_yaw=chunk[..., qpos + 4],
             )
             for chunk in np.split(every, len(models))
         ]

@@ -93,13 +93,13 @@ def moved_estimates(new: Mapping, old: Mapping, sigmas: float, floor: float = 0.
 
 
 def _moved_parts(new: Mapping, old: Mapping, sigmas: float, floor: float) -> list[str]:
-    """The part mix moved: a variant appeared or went (matched by size), or its share moved
-    beyond `sigmas` standard errors. A calibration written before the mix was estimated has
-    no parts: every variant of the new one counts as new."""
+    """The part mix moved: a variant appeared or went (matched by shape and size), or its
+    share moved beyond `sigmas` standard errors. A calibration written before the mix was
+    estimated has no parts: every variant of the new one counts as new."""
     mixes = [c["world"].get("parts") or [] for c in (new, old)]
-    moved = [f"parts.{p['name']} (gone)" for p in mixes[1] if _same_size(p, mixes[0]) is None]
+    moved = [f"parts.{p['name']} (gone)" for p in mixes[1] if _same_part(p, mixes[0]) is None]
     for part in mixes[0]:
-        before = _same_size(part, mixes[1])
+        before = _same_part(part, mixes[1])
         if before is None:
             moved.append(f"parts.{part['name']} (new)")
             continue
@@ -114,8 +114,16 @@ def _moved_parts(new: Mapping, old: Mapping, sigmas: float, floor: float) -> lis
     return moved
 
 
-def _same_size(part: Mapping, mix: list[Mapping]) -> Mapping | None:
-    return next((p for p in mix if abs(p["size_m"] - part["size_m"]) < SAME_PART_SIZE_M), None)
+def _same_part(part: Mapping, mix: list[Mapping]) -> Mapping | None:
+    return next(
+        (
+            p
+            for p in mix
+            if p.get("shape", "cylinder") == part.get("shape", "cylinder")
+            and abs(p["size_m"] - part["size_m"]) < SAME_PART_SIZE_M
+        ),
+        None,
+    )
 
 
 def choose_calibration(

@@ -79,7 +79,14 @@ def calibrate(
     tick("parts", 4, len(STAGES))
     fitted = {k: e.value for k, e in physics.estimates.items()}
     parts = fit_part_mix(
-        simulator, logs, latency.ages_by_episode, perception, fitted, noise, cell.max_speed_mps
+        simulator,
+        logs,
+        latency.ages_by_episode,
+        perception,
+        fitted,
+        noise,
+        cell.max_speed_mps,
+        yaw_noise=perception["yaw_noise_rad"].value,
     )
     tick("done", 5, len(STAGES))
     calibration = _assemble(logs, latency, sensors, perception, physics, parts, params)

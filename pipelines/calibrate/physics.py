@@ -46,7 +46,8 @@ class ReplayBatch:
     pusher_start: np.ndarray  # (B, 2) m
     part_start: np.ndarray  # (B, 3) x, y, yaw
     applied: np.ndarray  # (B, W, 2) drive command (m/s) during each control step
-    part_radius_m: float
+    part_radius_m: float  # cylinder radius or box half side
+    part_shape: str = "cylinder"  # or "box": the world file's part shapes
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,9 @@ class ReplayResult:
     pusher: np.ndarray  # (B, W, 2)
     pusher_velocity: np.ndarray  # (B, W, 2)
     part: np.ndarray  # (B, W, 2)
+    # (B, W) rad. Optional for a plug-in: without it calibration cannot tell a box from a
+    # cylinder, and every part variant stays a cylinder.
+    part_yaw: np.ndarray | None = None
 
 
 class Simulator(Protocol):
@@ -79,6 +83,7 @@ class Windows:
     logged_part: np.ndarray  # (B, W, 2) perceived, bias removed
     free: np.ndarray  # (B, W) bool: the pusher touches nothing
     pushing: np.ndarray  # (B, W) bool: from just before the first push on
+    logged_yaw: np.ndarray  # (B, W) perceived, rad
 
 
 @dataclass(frozen=True)
@@ -108,7 +113,8 @@ def replay_windows(
     length: int | None = None,
 ) -> Windows:
     """One window per episode from its start; `length` None: through the first push.
-    `ages[episode_id]` is the age of the command the drives apply at each step."""
+    `ages[episode_id]` is the age of the command the drives apply at each step. The episodes
+    without a resting start and a push after it are left out (`has_window`)."""
     rows = []
     for episode in (e for e in episodes if has_window(e, pusher_radius_m)):
         prefix = rest_prefix(episode, pusher_radius_m)
@@ -127,6 +133,7 @@ def replay_windows(
         logged_part=pad(columns[4]),
         free=pad(columns[5]).astype(bool),
         pushing=pad(columns[6]).astype(bool),
+        logged_yaw=pad(columns[7]),
     )
 
 
@@ -154,6 +161,7 @@ def _window(episode, ages, prefix, steps, bias, pusher_radius_m, max_speed_mps):
         part_xy[1 : steps + 1],
         clear[1 : steps + 1] & clear[:steps],
         np.arange(1, steps + 1) >= prefix - 1,
+        episode.part_yaw[1 : steps + 1],
     )
 
 
@@ -181,6 +189,19 @@ def window_losses(
     total = sum((loss * mask).sum(1) for loss, mask in terms)
     count = sum(mask.sum(1) for _, mask in terms)
     return total / np.maximum(count, 1)
+
+
+def yaw_losses(result: ReplayResult, windows: Windows, yaw_noise: float) -> np.ndarray:
+    """Per-window mean Huber loss of the part's turn from the first push on, normalised by
+    the camera's yaw noise. Turns are compared modulo a quarter turn: a camera cannot tell a
+    square's sides apart, and a cylinder's replayed yaw barely moves."""
+    if result.part_yaw is None:
+        raise ValueError("this simulator's replay returns no part_yaw")
+    residual = result.part_yaw - windows.logged_yaw
+    quarter = np.pi / 2
+    residual = (residual + quarter / 2) % quarter - quarter / 2
+    loss = _huber(np.abs(residual) / yaw_noise) * windows.pushing
+    return loss.sum(1) / np.maximum(windows.pushing.sum(1), 1)
 
 
 def _huber(z: np.ndarray) -> np.ndarray:

@@ -551,12 +551,15 @@ def test_too_few_episodes_is_refused_naming_the_dataset_and_writing_nothing(cali
 @pytest.mark.slow  # the shared fixture records, ingests and calibrates 300 episodes (~2 min)
 def test_the_part_mix_is_read_from_the_measured_footprints(calibrated):
     """The line's large part (15%, 1.8x heavier) is its own variant; the square 28 mm part is
-    within the gauge's reach of the 30 mm standard one, so the two count as one."""
+    within the gauge's reach of the 30 mm standard one, so its footprint joins theirs, and
+    the way its pushes turn it makes it a box of that size (15% of the line's parts)."""
     parts = calibrated[1]["world"]["parts"]
-    assert len(parts) == 2
-    common, large = parts
+    assert [p["shape"] for p in parts] == ["cylinder", "box", "cylinder"]
+    common, square, large = parts
     assert common["size_m"] == pytest.approx(0.030, abs=0.0015)
     assert common["mass_scale"] == 1.0
+    assert square["size_m"] == common["size_m"]
+    assert 0.04 <= square["probability"] <= 0.3
     assert large["size_m"] == pytest.approx(0.045, abs=0.0015)
     assert large["probability"] == pytest.approx(0.15, abs=0.06)
     assert large["mass_scale"] == pytest.approx(1.8, rel=0.35)

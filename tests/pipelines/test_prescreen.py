@@ -301,6 +301,21 @@ def test_a_new_part_variant_or_a_moved_share_moves_the_calibration_and_gauge_noi
     ]  # a calibration from before the mix was estimated
 
 
+def test_a_box_the_size_of_a_cylinder_is_a_new_variant_not_the_same_part():
+    old = _with_parts(_calibration(0.0158), ("part-30mm", 0.030, 0.8), ("part-45mm", 0.045, 0.2))
+    found = _with_parts(
+        _calibration(0.0158),
+        ("part-30mm", 0.030, 0.6),
+        ("box-30mm", 0.030, 0.2),
+        ("part-45mm", 0.045, 0.2),
+    )
+    found["world"]["parts"][1]["shape"] = "box"
+    assert moved_estimates(found, old, 3.0) == [
+        "parts.part-30mm.probability",
+        "parts.box-30mm (new)",
+    ]
+
+
 def test_a_cached_calibrated_policy_is_not_pretrained_again(tmp_path, params):
     from pipelines.training import PolicyConfig, PolicyNet
     from pipelines.training.calibrated import ensure_calibrated_policy
