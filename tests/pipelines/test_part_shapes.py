@@ -61,8 +61,20 @@ def _recorded(parts: tuple[PartVariant, ...], seed: int):
     return logs, truth, world, params.cell
 
 
-def _part_mix(logs, world, cell):
-    simulator = SimReplay(cell)
+@pytest.fixture(scope="module")
+def boxes_among_cylinders():
+    return _recorded((CYLINDER, SQUARE), seed=11)
+
+
+class ReplayWithoutYaw(SimReplay):
+    """A user's simulator that replays positions only (the protocol's yaw is optional)."""
+
+    def replay(self, physics, batch):
+        return [dataclasses.replace(r, part_yaw=None) for r in super().replay(physics, batch)]
+
+
+def _part_mix(logs, world, cell, simulator_class=SimReplay):
+    simulator = simulator_class(cell)
     radius = simulator.pusher_radius_m
     free = [sensing.clear_of_part(e, radius) for e in logs]
     latency = latency_fit.fit_latency(
@@ -86,8 +98,10 @@ def _part_mix(logs, world, cell):
     )
 
 
-def test_a_box_among_cylinders_of_its_size_is_found_by_how_its_pushes_turn_it():
-    logs, truth, world, cell = _recorded((CYLINDER, SQUARE), seed=11)
+def test_a_box_among_cylinders_of_its_size_is_found_by_how_its_pushes_turn_it(
+    boxes_among_cylinders,
+):
+    logs, truth, world, cell = boxes_among_cylinders
     parts = _part_mix(logs, world, cell)
     shapes = [p.shape for p in parts]
     assert shapes == ["cylinder", "box"]  # one footprint, two shapes
@@ -104,3 +118,9 @@ def test_cylinders_alone_stay_one_cylinder_variant():
     logs, _, world, cell = _recorded((dataclasses.replace(CYLINDER, probability=1.0),), seed=12)
     parts = _part_mix(logs, world, cell)
     assert [(p.shape, p.share.value) for p in parts] == [("cylinder", 1.0)]
+
+
+def test_a_simulator_that_replays_no_yaw_leaves_every_part_a_cylinder(boxes_among_cylinders):
+    logs, _, world, cell = boxes_among_cylinders
+    parts = _part_mix(logs, world, cell, ReplayWithoutYaw)
+    assert [p.shape for p in parts] == ["cylinder"]
