@@ -136,16 +136,25 @@ def one_seed(policy, params, worlds: dict, seed: int, train_n: int, test_n: int)
     from pipelines.training.onnx_export import save_policy_for_edge
 
     base = seed * 1000
-    train, _, trained_light = shift_observations(policy, params, worlds["first_day"], train_n, base)
-    held, held_episodes, _ = shift_observations(
+    train, _, trained_light, train_parts = shift_observations(
+        policy, params, worlds["first_day"], train_n, base
+    )
+    held, held_episodes, _, held_parts = shift_observations(
         policy, params, worlds["first_day"], test_n, base + 1
     )
-    novel, _, _ = shift_observations(policy, params, worlds["novel_part"], test_n // 2, base + 2)
-    winter, _, lighting = shift_observations(policy, params, worlds["winter"], test_n, base + 3)
+    novel, _, _, novel_parts = shift_observations(
+        policy, params, worlds["novel_part"], test_n // 2, base + 2
+    )
+    winter, _, lighting, _ = shift_observations(policy, params, worlds["winter"], test_n, base + 3)
     dark = winter[lighting > trained_light.max()]  # darker than any training episode
     with tempfile.TemporaryDirectory(prefix="bench-edge-") as tmp:
+        net = trained_on_line_parts(policy.net, train_parts, params.edge.footprint_tolerance_m)
         _, export = save_policy_for_edge(
-            policy.net, Path(tmp) / "policy", train, params.edge.ood_false_alarm
+            net,
+            Path(tmp) / "policy",
+            train,
+            params.edge.ood_false_alarm,
+            params.edge.footprint_tolerance_m,
         )
         session = PolicySession(Path(tmp) / "policy", params.edge.min_confidence)
         latency = time_steps(policy, session, held)
@@ -155,6 +164,13 @@ def one_seed(policy, params, worlds: dict, seed: int, train_n: int, test_n: int)
         latency["rt_scheduler"] = scheduler
         flags = {name: screened(session, obs) for name, obs in (("held", held), ("novel", novel))}
         flags["dark"] = screened(session, dark)
+        part_screen = {
+            name: [
+                session.ood_model.footprint_distance(f) > session.ood_model.footprint_tolerance_m
+                for f in parts
+            ]
+            for name, parts in (("held", held_parts), ("novel", novel_parts))
+        }
     per_episode = [flags["held"]["any"][held_episodes == e].any() for e in set(held_episodes)]
     return {
         "seed": seed,
@@ -170,6 +186,10 @@ def one_seed(policy, params, worlds: dict, seed: int, train_n: int, test_n: int)
         "novel_part_steps": len(novel),
         "novel_part_detected_ood": rate(flags["novel"]["ood"]),
         "novel_part_detected_screen": rate(flags["novel"]["any"]),
+        "part_footprints_m": list(session.ood_model.part_footprints_m),
+        "held_out_episodes_novel_part_alarm": rate(part_screen["held"]),
+        "novel_part_episodes": len(novel_parts),
+        "novel_part_episodes_detected": rate(part_screen["novel"]),
         "low_light_steps": len(dark),
         "low_light_detected_ood": rate(flags["dark"]["ood"]),
         "low_light_detected_screen": rate(flags["dark"]["any"]),
@@ -178,21 +198,41 @@ def one_seed(policy, params, worlds: dict, seed: int, train_n: int, test_n: int)
 
 def shift_observations(policy, params, world, episodes: int, seed: int):
     """(observations, episode index, episode lighting drift) per step of a production-like
-    shift: the policy drives, the operator takes over."""
+    shift: the policy drives, the operator takes over; and each episode's part footprint as
+    the camera measured it."""
     import numpy as np
 
     from refcell.runner import Operator, run_episodes
 
-    observations, lighting, episode = [], [], []
+    observations, lighting, episode, footprints = [], [], [], {}
 
     def keep(cell, record) -> None:
         observations.append(record.observation)
         lighting.append(cell.conditions.lighting)
         episode.append(cell.episode_index)
+        footprints[cell.episode_index] = cell.part_extent_m
 
     operator = Operator(params.record.operator)
     list(run_episodes(world, params.cell, policy, episodes, seed, operator, observers=(keep,)))
-    return np.asarray(observations, np.float32), np.asarray(episode), np.asarray(lighting)
+    obs = np.asarray(observations, np.float32)
+    return obs, np.asarray(episode), np.asarray(lighting), list(footprints.values())
+
+
+def trained_on_line_parts(net, footprints: list, tolerance: float):
+    """A copy of `net` that records the parts of its training shift as a fine-tune on that
+    shift would (pipelines.training.ood.learned_footprints): the sim policy's own part and
+    the line's parts it pushed often enough."""
+    import copy
+
+    import numpy as np
+
+    from pipelines.training.ood import learned_footprints, part_footprints
+
+    measured = np.array([float(np.mean(f)) for f in footprints])
+    known = learned_footprints(part_footprints(net.config.trained_on), measured, tolerance)
+    copied = copy.deepcopy(net)
+    copied.config.trained_on = {**net.config.trained_on, "part_footprints_m": list(known)}
+    return copied
 
 
 def screened(session, observations) -> dict:
@@ -296,6 +336,9 @@ def text_report(r: dict) -> str:
             f"episodes with a fallback {pct('held_out_episodes_with_a_fallback')}",
             f"  novel part ({r['novel_part']}) steps detected: OOD "
             f"{pct('novel_part_detected_ood')}, screen {pct('novel_part_detected_screen')}",
+            f"  part screen (footprints {r['runs'][0]['part_footprints_m']} m): novel-part "
+            f"episodes detected {pct('novel_part_episodes_detected')}, held-out episodes "
+            f"flagged {pct('held_out_episodes_novel_part_alarm')}",
             f"  low-light steps (amplitude {r['winter_light_amplitude']}) detected: OOD "
             f"{pct('low_light_detected_ood')}, screen {pct('low_light_detected_screen')}",
         ]

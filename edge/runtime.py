@@ -3,9 +3,11 @@ swap to a newly activated bundle between episodes.
 
 A bundle the runtime can run holds, next to the safetensors weights, `policy.onnx` (the
 exported network, checked against torch when it was written) and `ood.json` (statistics of
-the policy's training observations and a threshold calibrated on held-out ones). Per step the
-cell asks `screen(observation)`: beyond the OOD threshold, or below the perception confidence
-the box trusts, the step goes to the cell's fallback instead of the policy.
+the policy's training observations and a threshold calibrated on held-out ones, and the part
+footprints the policy trained on). Per step the cell asks `screen(observation, footprint)`: a
+part whose measured footprint is none the policy trained on (the signal triage's novel_part
+class reads from the same log field), beyond the OOD threshold, or below the perception
+confidence the box trusts, the step goes to the cell's fallback instead of the policy.
 
 Standard library, numpy and onnxruntime only: the box installs without torch.
 """
@@ -30,7 +32,7 @@ OBS_SIZE = 12  # pipelines.contract.schema.OBS_SIZE; the box cannot import it
 CONFIDENCE_INDEX = 7
 FEATURES = "relative-v1"  # the name of `ood_features` below, recorded in ood.json
 
-OOD, LOW_CONFIDENCE = "ood", "low_confidence"
+OOD, LOW_CONFIDENCE, NOVEL_PART = "ood", "low_confidence", "novel_part"
 
 
 class RuntimeLoadError(ValueError):
@@ -73,6 +75,11 @@ class OodModel:
     whitening: np.ndarray
     threshold: float
     confidence_floor: float = 0.0  # the training confidence's lower tail (ood.py)
+    # The footprints (m, the part's measured extent) of the parts the policy trained on, and
+    # how far a measured one may be from the nearest. Empty (bundles exported before the
+    # footprints were recorded): no part screen.
+    part_footprints_m: tuple[float, ...] = ()
+    footprint_tolerance_m: float = math.inf
 
     @classmethod
     def from_record(cls, record: Any, where: str) -> OodModel:
@@ -86,6 +93,8 @@ class OodModel:
             whitening = np.asarray(record["whitening"], dtype=np.float64)
             threshold = float(record["threshold"])
             floor = float(record["confidence_floor"])
+            footprints = tuple(float(v) for v in record.get("part_footprints_m", ()))
+            tolerance = float(record.get("footprint_tolerance_m", math.inf))
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise RuntimeLoadError(
                 f"{where}: not an OOD model ({exc}); re-export the policy"
@@ -95,7 +104,7 @@ class OodModel:
             raise RuntimeLoadError(
                 f"{where}: mean/whitening/threshold do not fit {size} features; re-export"
             )
-        return cls(mean, whitening, threshold, floor)
+        return cls(mean, whitening, threshold, floor, footprints, tolerance)
 
     def scores(self, observations: np.ndarray) -> np.ndarray:
         """The distance of each of (n, 12) observations (vectorised: benches, calibration)."""
@@ -105,10 +114,21 @@ class OodModel:
     def score(self, observation: np.ndarray) -> float:
         return float(self.scores(np.asarray(observation)[None, :])[0])
 
+    def footprint_distance(self, footprint_m: np.ndarray | None) -> float:
+        """How far the part's measured footprint (its extent per axis, m; the mean is taken)
+        is from the nearest footprint the policy trained on; 0 where there is nothing to
+        compare (no footprints recorded, or no measurement)."""
+        if not self.part_footprints_m or footprint_m is None:
+            return 0.0
+        measured = float(np.mean(footprint_m))
+        return min(abs(measured - known) for known in self.part_footprints_m)
+
 
 @dataclass(frozen=True)
 class Fallback:
-    """Why a step went to the fallback: `reason` is `ood` or `low_confidence`."""
+    """Why a step went to the fallback: `reason` is `novel_part`, `ood` or `low_confidence`.
+    `score` and `threshold` are the reason's own: the footprint distance and tolerance (m)
+    for `novel_part`, the OOD score and its threshold otherwise."""
 
     reason: str
     score: float
@@ -150,10 +170,17 @@ class PolicySession:
         score = self.ood_model.score(observation)
         return score, score > self.ood_model.threshold
 
-    def screen(self, observation: np.ndarray) -> Fallback | None:
-        """None: the policy may act on this observation; else why the fallback must."""
-        score, is_ood = self.ood(observation)
+    def screen(
+        self, observation: np.ndarray, part_footprint_m: np.ndarray | None = None
+    ) -> Fallback | None:
+        """None: the policy may act on this observation; else why the fallback must.
+        `part_footprint_m`: the episode's part as the camera measured it at pick-up."""
         confidence = float(observation[CONFIDENCE_INDEX])
+        distance = self.ood_model.footprint_distance(part_footprint_m)
+        if distance > self.ood_model.footprint_tolerance_m:
+            tolerance = self.ood_model.footprint_tolerance_m
+            return Fallback(NOVEL_PART, distance, tolerance, confidence)
+        score, is_ood = self.ood(observation)
         if confidence < self.confidence_floor:
             return Fallback(LOW_CONFIDENCE, score, self.ood_model.threshold, confidence)
         if is_ood:
@@ -196,8 +223,10 @@ class EdgeRuntime:
     def act(self, observation: np.ndarray) -> np.ndarray:
         return self._active.act(observation)
 
-    def screen(self, observation: np.ndarray) -> Fallback | None:
-        return self._active.screen(observation)
+    def screen(
+        self, observation: np.ndarray, part_footprint_m: np.ndarray | None = None
+    ) -> Fallback | None:
+        return self._active.screen(observation, part_footprint_m)
 
 
 def has_runtime_files(folder: str | Path) -> bool:

@@ -68,7 +68,11 @@ def pretrain(
     default_out = params.pretrain.calibrated_out if calibration else params.pretrain.out
     # With policy.onnx and ood.json: the sim policy is what `deploy --initial` publishes.
     folder, _ = save_policy_for_edge(
-        net, out or Path(default_out), observations, params.edge.ood_false_alarm
+        net,
+        out or Path(default_out),
+        observations,
+        params.edge.ood_false_alarm,
+        params.edge.footprint_tolerance_m,
     )
     payload = {"policy": str(folder), "version": net.config.version, **net.config.trained_on}
     emit(

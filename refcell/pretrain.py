@@ -78,7 +78,12 @@ def pretrain_with_observations(
         PolicyConfig(
             hidden=list(params.hidden),
             version=version,
-            trained_on={"world": "sim", "seed": params.seed, **(trained_on or {})},
+            trained_on={
+                "world": "sim",
+                "seed": params.seed,
+                **(trained_on or {}),
+                "part_footprints_m": part_footprints(sim_world),
+            },
         )
     )
     cell = Cell(sim_world, cell_params)
@@ -110,6 +115,12 @@ def pretrain_with_observations(
         round_ += 1
     net.config.trained_on["samples"] = len(obs)
     return net, obs
+
+
+def part_footprints(world: World) -> list[float]:
+    """The footprints (m) of the parts `world` draws: the edge box's part screen
+    (pipelines.training.ood) hands any other part to the fallback."""
+    return sorted({round(2 * part.size_m, 4) for part in world.parts})
 
 
 def _another_round(params: PretrainParams, done: int, success: float) -> bool:

@@ -23,6 +23,7 @@ import numpy as np
 from mcap.writer import CompressionType
 from mcap_ros2.writer import Writer
 
+from edge.runtime import NOVEL_PART, OOD, Fallback
 from pipelines.contract import schema
 from pipelines.contract.params import CellParams, RecordParams
 from refcell.cell import PART_LIMIT_M, Cell
@@ -306,11 +307,7 @@ class ShiftRecorder:
             )
         if record.fallback is not None:
             fallback = record.fallback
-            why = (
-                f"OOD score {fallback.score:.2f} > {fallback.threshold:.2f}"
-                if fallback.reason == "ood"
-                else f"perception confidence {fallback.confidence:.2f} below the box's minimum"
-            )
+            why = _fallback_reason(fallback)
             self._capture(cell, record, "ood", f"box handed the step to the operator: {why}")
         elif record.intervention:
             self._capture(cell, record, "operator_flag", "operator took over from the policy")
@@ -408,3 +405,14 @@ def _write_atomically(path: Path, data: bytes) -> None:
 
 def _iso(t_ns: int) -> str:
     return datetime.fromtimestamp(t_ns / 1e9, tz=UTC).isoformat()
+
+
+def _fallback_reason(fallback: Fallback) -> str:
+    if fallback.reason == NOVEL_PART:
+        return (
+            f"part footprint {fallback.score * 1000:.1f} mm from every part the policy trained "
+            f"on (tolerance {fallback.threshold * 1000:.1f} mm)"
+        )
+    if fallback.reason == OOD:
+        return f"OOD score {fallback.score:.2f} > {fallback.threshold:.2f}"
+    return f"perception confidence {fallback.confidence:.2f} below the box's minimum"

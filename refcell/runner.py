@@ -60,7 +60,8 @@ class EpisodeResult:
 StepObserver = Callable[[Cell, StepRecord], None]
 # The box's screen of an observation (edge.runtime.PolicySession.screen): None, the policy
 # acts; a Fallback, the cell's fallback (the operator) drives this step instead.
-Screen = Callable[[np.ndarray], Fallback | None]
+# Its second argument is the part's footprint as the camera measured it at pick-up.
+Screen = Callable[[np.ndarray, np.ndarray], Fallback | None]
 
 
 class Operator:
@@ -138,7 +139,7 @@ def run_episode(
     was_intervening = False
     while True:
         obs, time_s = cell.observation(), cell.time_s
-        fallback = screen(obs) if screen else None
+        fallback = screen(obs, cell.part_extent_m) if screen else None
         if fallback is not None:
             corrected = operator.drive(cell) if operator else Expert().act(cell.true_state())
             proposed = corrected

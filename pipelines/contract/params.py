@@ -401,6 +401,9 @@ class EdgeParams:
     # false: the box runs the policy on every step, screen off (a sim policy on the line hands
     # most steps to the operator: docs/operations.md, The box's runtime).
     fallback: bool
+    # How far (m) a part's measured footprint may be from every part the policy trained on
+    # before the box hands the episode to the fallback (the camera measures to about 2 mm).
+    footprint_tolerance_m: Annotated[float, Field(gt=0.0)] = 0.005
 
 
 @dataclass(frozen=True, config=_STRICT)

@@ -97,7 +97,11 @@ def ensure_calibrated_policy(
             f"sim-cal-{calibration.hash[:8]}",
         )
     folder, _ = save_policy_for_edge(
-        net, calibration.policy, observations, params.edge.ood_false_alarm
+        net,
+        calibration.policy,
+        observations,
+        params.edge.ood_false_alarm,
+        params.edge.footprint_tolerance_m,
     )
     seconds = round(time.monotonic() - started, 1)
     return {"policy_folder": str(folder), "cached": False, "seconds": seconds}

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import get_args
 
 import numpy as np
@@ -43,6 +43,9 @@ class TrainingSet:
     success_steps: int  # policy-driven steps of successful episodes
     correction_steps: int  # operator-driven steps, from any episode
     is_correction: np.ndarray  # (N,) bool: the label is an operator's correction
+    # (E,) the measured part footprint (m, mean over the axes) of each episode used; NaN
+    # where the log has none
+    part_footprints_m: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     def __len__(self) -> int:
         return len(self.observations)
@@ -123,14 +126,27 @@ def training_examples(
     # A part the line rarely shows would be diluted by the common ones: its episodes' examples
     # weigh `novel_weight` more (triage.novel_part_weight; docs/triage.md, data selection).
     weights = weights * episode_weights(step_episode, novel_episodes, novel_weight)
+    used = np.unique(step_episode[keep])
     return TrainingSet(
         observations=observations[keep],
         actions=labels[keep].astype(np.float32),
         weights=weights[keep].astype(np.float32),
-        episodes_used=len(np.unique(step_episode[keep])),
+        episodes_used=len(used),
         success_steps=int(success_step.sum()),
         correction_steps=int(has_correction.sum()),
         is_correction=has_correction[keep],
+        part_footprints_m=_footprints(episodes, used),
+    )
+
+
+def _footprints(episodes: pa.Table, episode_ids: np.ndarray) -> np.ndarray:
+    """The mean measured part extent of each of `episode_ids` (NaN where it was not logged)."""
+    if "part_extent_m" not in episodes.column_names:
+        return np.full(len(episode_ids), np.nan)
+    ids = episodes["episode_id"].to_pylist()
+    extents = dict(zip(ids, episodes["part_extent_m"].to_pylist(), strict=True))
+    return np.array(
+        [float(np.mean(extents[e])) if extents.get(e) else np.nan for e in episode_ids.tolist()]
     )
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from edge.runtime import EXPORT_FILE, ONNX_FILE, OOD_FILE, PolicySession
-from pipelines.training.ood import fit_ood
+from pipelines.training.ood import fit_ood, part_footprints
 from pipelines.training.policy import PolicyNet, save_policy
 
 PARITY_ROWS = 10_000
@@ -65,13 +65,20 @@ def parity_rows(observations: np.ndarray, seed: int = 0) -> np.ndarray:
 
 
 def write_edge_files(
-    net: PolicyNet, folder: Path, observations: np.ndarray, ood_false_alarm: float
+    net: PolicyNet,
+    folder: Path,
+    observations: np.ndarray,
+    ood_false_alarm: float,
+    footprint_tolerance_m: float | None = None,
 ) -> dict:
     """Write policy.onnx, ood.json and export.json into `folder` (a staging folder); raise
-    ParityError if onnxruntime and torch disagree by more than PARITY_TOLERANCE."""
+    ParityError if onnxruntime and torch disagree by more than PARITY_TOLERANCE. With
+    `footprint_tolerance_m`, ood.json carries the part footprints the policy trained on."""
     folder = Path(folder)
     (folder / ONNX_FILE).write_bytes(export_onnx(net))
-    (folder / OOD_FILE).write_text(json.dumps(fit_ood(observations, ood_false_alarm)) + "\n")
+    footprints = part_footprints(net.config.trained_on)
+    ood = fit_ood(observations, ood_false_alarm, 0, footprints, footprint_tolerance_m)
+    (folder / OOD_FILE).write_text(json.dumps(ood) + "\n")
     rows = parity_rows(observations)
     with torch.inference_mode():
         expected = net(torch.from_numpy(rows)).numpy()
@@ -97,13 +104,19 @@ def write_edge_files(
 
 
 def save_policy_for_edge(
-    net: PolicyNet, folder: str | Path, observations: np.ndarray, ood_false_alarm: float
+    net: PolicyNet,
+    folder: str | Path,
+    observations: np.ndarray,
+    ood_false_alarm: float,
+    footprint_tolerance_m: float | None = None,
 ) -> tuple[Path, dict]:
     """`save_policy` with the edge files: every policy that can be promoted is written so.
     The folder appears complete, parity checked, or not at all. Returns (folder, export record)."""
     records: list[dict] = []
 
     def edge_files(staging: Path) -> None:
-        records.append(write_edge_files(net, staging, observations, ood_false_alarm))
+        records.append(
+            write_edge_files(net, staging, observations, ood_false_alarm, footprint_tolerance_m)
+        )
 
     return save_policy(net, folder, extra=edge_files), records[0]

@@ -8,6 +8,11 @@ the false-alarm budget: the distance's threshold is the (1 - false_alarm / 2) qu
 held-out training observations, the confidence floor their false_alarm / 2 quantile, so at most
 about `false_alarm` of in-distribution steps go to the fallback.
 
+The record also names the part footprints the policy trained on (config.json's
+`trained_on.part_footprints_m`: `part_footprints`, below) and how far a measured part may be
+from them: the box hands an episode with an unfamiliar part to the fallback from its first
+step, as triage would later call its failure novel_part.
+
 Held out are whole blocks of consecutive rows (about an episode each): the steps of one
 episode look alike, and a threshold calibrated on their twins would be too low.
 
@@ -27,10 +32,21 @@ BLOCK_ROWS = 100  # consecutive rows held out together: one episode is 100 contr
 MIN_ROWS = 30  # fewer: no covariance of 12 features worth the name
 RIDGE = 1e-6  # relative to the mean variance: a feature that never varied stays invertible
 SIGNIFICANT_DIGITS = 9  # far above the score's needs, far below the BLAS kernels' differences
+# Episodes of a footprint a fine-tune must have trained on before the policy counts as knowing
+# the part: a handful of stray measurements is not a part the policy has learned.
+MIN_FOOTPRINT_EPISODES = 10
+FOOTPRINT_DECIMALS = 4  # 0.1 mm: the camera measures to about 2 mm
 
 
-def fit_ood(observations: np.ndarray, false_alarm: float, seed: int = 0) -> dict:
-    """The ood.json record for (n, 12) training observations, calibrated at `false_alarm`."""
+def fit_ood(
+    observations: np.ndarray,
+    false_alarm: float,
+    seed: int = 0,
+    part_footprints_m: tuple[float, ...] = (),
+    footprint_tolerance_m: float | None = None,
+) -> dict:
+    """The ood.json record for (n, 12) training observations, calibrated at `false_alarm`;
+    with `part_footprints_m` and `footprint_tolerance_m`, the box's part screen too."""
     observations = np.asarray(observations, dtype=np.float64)
     if len(observations) < MIN_ROWS:
         raise ValueError(
@@ -47,6 +63,14 @@ def fit_ood(observations: np.ndarray, false_alarm: float, seed: int = 0) -> dict
     confidence = observations[held_rows, CONFIDENCE_INDEX]
     floor = float(np.quantile(confidence, false_alarm / 2, method="lower"))
     flagged = (held > threshold) | (confidence < floor)
+    parts = {}
+    if part_footprints_m and footprint_tolerance_m is not None:
+        parts = {
+            "part_footprints_m": sorted(
+                round(float(v), FOOTPRINT_DECIMALS) for v in part_footprints_m
+            ),
+            "footprint_tolerance_m": footprint_tolerance_m,
+        }
     return {
         "format": OOD_FORMAT,
         "features": FEATURES,
@@ -59,7 +83,39 @@ def fit_ood(observations: np.ndarray, false_alarm: float, seed: int = 0) -> dict
         "fit_rows": len(fit_rows),
         "calibration_rows": len(held_rows),
         "calibration_false_alarm": float(np.mean(flagged)),
+        **parts,
     }
+
+
+def part_footprints(trained_on: dict) -> tuple[float, ...]:
+    """The footprints a policy trained on, from its config's `trained_on` (a fine-tune's own,
+    else its base's, recursively); () for a policy that does not record them."""
+    while trained_on:
+        if "part_footprints_m" in trained_on:
+            return tuple(trained_on["part_footprints_m"])
+        trained_on = trained_on.get("base_trained_on") or {}
+    return ()
+
+
+def learned_footprints(
+    known: tuple[float, ...], measured: np.ndarray, tolerance: float
+) -> tuple[float, ...]:
+    """`known` plus the footprints of line episodes a fine-tune trained on: measured
+    footprints (one per episode, m) that are further than `tolerance` from every known one
+    and come MIN_FOOTPRINT_EPISODES or more within `tolerance` of each other, each group as
+    its median. () where nothing is known (a base that did not record its parts)."""
+    if not known:
+        return ()
+    unfamiliar = np.sort(
+        [v for v in np.asarray(measured, dtype=float) if _far(v, known, tolerance)]
+    )
+    groups = np.split(unfamiliar, np.flatnonzero(np.diff(unfamiliar) > tolerance) + 1)
+    new = [float(np.median(g)) for g in groups if len(g) >= MIN_FOOTPRINT_EPISODES]
+    return tuple(sorted(round(v, FOOTPRINT_DECIMALS) for v in (*known, *new)))
+
+
+def _far(value: float, known: tuple[float, ...], tolerance: float) -> bool:
+    return all(abs(value - k) > tolerance for k in known)
 
 
 def _rounded(values: np.ndarray | float) -> np.ndarray:

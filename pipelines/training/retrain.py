@@ -15,6 +15,7 @@ from pipelines.quality.triage.selection import novel_part_ids
 from pipelines.training.cycle_runs import stage_run_name, start_cycle_run
 from pipelines.training.finetune import TrainingSet, finetune, training_examples
 from pipelines.training.onnx_export import save_policy_for_edge
+from pipelines.training.ood import learned_footprints, part_footprints
 from pipelines.training.policy import load_policy
 from pipelines.training.registry import register_policy
 from pipelines.training.tracking import (
@@ -79,8 +80,13 @@ def fine_tune_and_register(
                 base_policy.net, data, train, version=f"ft-{run_id[:8]}", on_epoch=on_epoch
             )
         log_learning_curve(history)
+        net.config.trained_on |= _footprints_learned(base_policy.net, data, params)
         folder, export = save_policy_for_edge(
-            net, out, data.observations, params.edge.ood_false_alarm
+            net,
+            out,
+            data.observations,
+            params.edge.ood_false_alarm,
+            params.edge.footprint_tolerance_m,
         )
         log_edge_export(export)
         tags = {"dataset_version": dataset_version, "base_policy": base_policy.name}
@@ -118,6 +124,16 @@ def training_set(params: Params, dataset: Path, batches: list[str]) -> TrainingS
     return training_examples(
         episodes, steps, params.train.intervention_weight, novel, params.triage.novel_part_weight
     )
+
+
+def _footprints_learned(base, data: TrainingSet, params: Params) -> dict:
+    """The part footprints the fine-tuned policy knows: its base's and the line parts it
+    trained on (pipelines.training.ood.learned_footprints); {} for a base without a record."""
+    known = part_footprints(base.config.trained_on)
+    footprints = learned_footprints(
+        known, data.part_footprints_m, params.edge.footprint_tolerance_m
+    )
+    return {"part_footprints_m": list(footprints)} if footprints else {}
 
 
 def cell_batches(dataset: Path, batches: list[str], cell_id: str) -> list[str]:

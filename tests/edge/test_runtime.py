@@ -15,6 +15,7 @@ import pytest
 
 from edge.runtime import (
     LOW_CONFIDENCE,
+    NOVEL_PART,
     OOD,
     OOD_FILE,
     EdgeRuntime,
@@ -54,6 +55,29 @@ def test_screen_passes_familiar_steps_and_hands_over_dark_or_unfamiliar_ones(bun
     assert fallback.reason == OOD and fallback.score > fallback.threshold
     score, is_ood = session.ood(unfamiliar)
     assert is_ood and score == pytest.approx(fallback.score)
+
+
+def test_a_part_far_from_every_part_the_policy_trained_on_is_handed_over_from_any_step(
+    tmp_path,
+):
+    from pipelines.training.onnx_export import save_policy_for_edge
+
+    net = tiny_net()
+    net.config.trained_on = {"part_footprints_m": [0.06, 0.09]}  # two cylinders, r 30 and 45 mm
+    folder, _ = save_policy_for_edge(net, tmp_path / "p", observations(2000), 0.01, 0.005)
+    record = json.loads((folder / OOD_FILE).read_text())
+    assert record["part_footprints_m"] == [0.06, 0.09] and record["footprint_tolerance_m"] == 0.005
+    session = PolicySession(folder, min_confidence=0.0)
+    step = observations(1, seed=11)[0]
+    wide_box = session.screen(step, np.array([0.0725, 0.0718]))  # a 36 mm box: between them
+    assert wide_box.reason == NOVEL_PART
+    assert wide_box.score == pytest.approx(0.07215 - 0.06) and wide_box.threshold == 0.005
+    assert session.screen(step, np.array([0.0915, 0.0893])) is None  # the large cylinder
+    assert session.screen(step) is None  # no measurement: the step screen alone
+    # A bundle exported before footprints were recorded has no part screen.
+    assert (
+        PolicySession(edge_bundle(tmp_path / "old"), 0.0).screen(step, np.array([0.5, 0.5])) is None
+    )
 
 
 def test_a_folder_without_the_runtime_files_or_with_a_bad_ood_file_is_refused(bundles, tmp_path):

@@ -275,3 +275,14 @@ def test_a_cosine_schedule_brings_the_weights_to_rest_and_constant_changes_nothi
     default = PolicyNet(PolicyConfig())
     fit(default, x, y, epochs=6, batch_size=64, learning_rate=1e-3, seed=3)
     assert torch.equal(weights(default), held_weights)
+
+
+def test_each_used_episodes_measured_footprint_is_kept_for_the_edge_part_screen(tables):
+    episodes, steps = tables
+    extents = pa.array([[0.07, 0.074], None], episodes.schema.field("part_extent_m").type)
+    measured = episodes.set_column(
+        episodes.schema.get_field_index("part_extent_m"), "part_extent_m", extents
+    )
+    data = training_examples(measured, steps, intervention_weight=1.0)
+    # Sorted by episode id: a (no footprint logged), then b.
+    np.testing.assert_allclose(data.part_footprints_m, [np.nan, 0.072])

@@ -120,3 +120,22 @@ def test_the_parity_check_and_threshold_are_recorded_on_the_fine_tune_run(
     doc = (Path(__file__).resolve().parents[2] / "docs" / "tracking.md").read_text()
     names = {"onnx_parity_max_abs_diff", "ood_threshold", *logged.params} - set(train.__dict__)
     assert [n for n in names if not n.startswith("train.") and f"`{n}`" not in doc] == []
+
+
+def test_a_fine_tune_knows_its_bases_parts_and_the_line_parts_it_trained_on_often_enough():
+    from pipelines.training.ood import MIN_FOOTPRINT_EPISODES, learned_footprints, part_footprints
+
+    trained_on = {"base_trained_on": {"base_trained_on": {"part_footprints_m": [0.06]}}}
+    assert part_footprints(trained_on) == (0.06,) and part_footprints({"world": "sim"}) == ()
+    rng = np.random.default_rng(0)
+    measured = np.concatenate(
+        [
+            rng.normal(0.06, 0.0014, 200),  # the part the base knows
+            rng.normal(0.072, 0.0014, MIN_FOOTPRINT_EPISODES),  # a new box, often enough
+            rng.normal(0.044, 0.0014, MIN_FOOTPRINT_EPISODES - 1),  # a new part, too rarely
+            [np.nan],  # an episode logged without its footprint
+        ]
+    )
+    (known, new) = learned_footprints((0.06,), measured, 0.005)
+    assert known == 0.06 and new == pytest.approx(0.072, abs=0.001)
+    assert learned_footprints((), measured, 0.005) == ()  # a base without a record

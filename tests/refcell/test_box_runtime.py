@@ -111,6 +111,32 @@ def test_steps_the_box_refuses_go_to_the_operator_and_are_logged_and_ingested(
     assert None not in driven["corrected_action"].to_pylist()
 
 
+def test_a_part_none_of_the_policys_parts_resembles_goes_to_the_operator_from_its_first_step(
+    params, tmp_path
+):
+    from pipelines.training.onnx_export import save_policy_for_edge
+    from tests.pipelines.test_onnx_export import observations, tiny_net
+
+    # A policy that only ever pushed 200 mm parts: every part on this line is new to it.
+    net = tiny_net()
+    net.config.trained_on = {"part_footprints_m": [0.2]}
+    folder, _ = save_policy_for_edge(net, tmp_path / "policy", observations(2000), 0.01, 0.005)
+    edge = EdgeParams(health_episodes=50, ood_false_alarm=0.01, min_confidence=0.0, fallback=True)
+    cell = cell_process(params, tmp_path, edge, episodes_per_shift=1)
+    publish_folder(tmp_path, folder, 1)
+    cell.step()
+    cell.finish()
+    (log,) = sorted((tmp_path / "landing").glob("*.mcap"))
+    fallbacks = events(log, "fallback")
+    (end,) = events(log, "end")
+    assert [e["step"] for e in fallbacks] == list(range(end["steps"]))
+    assert {e["reason"] for e in fallbacks} == {"novel_part"}
+    assert all(e["ood_score"] > 0.1 and e["ood_threshold"] == 0.005 for e in fallbacks)
+    (sidecar,) = (tmp_path / "landing" / "captures").glob("*_ood.json")
+    note = json.loads(sidecar.read_text())["operator_note"]
+    assert "part footprint" in note and "mm from every part the policy trained on" in note
+
+
 def test_with_the_fallback_off_the_policy_drives_every_step(params, tmp_path, onnx_folder):
     edge = EdgeParams(health_episodes=50, ood_false_alarm=0.01, min_confidence=0.99, fallback=False)
     cell = cell_process(params, tmp_path, edge, episodes_per_shift=1)
@@ -198,4 +224,5 @@ def test_edge_params_are_in_params_yaml(params):
         "ood_false_alarm",
         "min_confidence",
         "fallback",
+        "footprint_tolerance_m",
     }

@@ -83,6 +83,21 @@ def test_line_shows_part_variants_sim_never_shows(worlds, params):
     assert {"large", "square"} <= seen["line"]
 
 
+def test_a_sim_policy_records_the_footprints_of_its_sims_parts_and_the_camera_measures_them(
+    worlds, params
+):
+    from refcell.pretrain import part_footprints
+
+    sim, line = worlds
+    assert part_footprints(sim) == [0.06]  # the standard 30 mm cylinder, across
+    assert len(part_footprints(line)) == len({p.size_m for p in line.parts}) > 1
+    cell = Cell(line, params.cell)
+    for i in range(20):
+        cell.reset(seed=3, episode_index=i, shift_episodes=20)
+        # The box's part screen compares this measurement (2 mm noise per axis) to them.
+        assert np.abs(cell.part_extent_m - 2 * cell.part.size_m).max() < 0.01
+
+
 def test_domain_randomization_draws_within_params_ranges(worlds, params):
     sim, _ = worlds
     ranges = params.pretrain.randomization
