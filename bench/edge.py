@@ -9,12 +9,15 @@ its observations are the training set the OOD statistics are fitted on (at
 checked). Then, per seed:
 
 - latency: `PolicySession.act` (onnxruntime) and torch eager `Policy.act` (what the cell ran
-  before) on the same observations, one at a time, interleaved; plus the screen (OOD score and
-  confidence floor) that the runtime adds per step. Timed twice: under the default scheduler,
+  before) on the same observations, one at a time, interleaved; plus the screen (part
+  footprint, OOD score and confidence floor) that the runtime adds per step. Timed twice: under the default scheduler,
   and under SCHED_FIFO as a box runs its control loop (where permitted; `scheduler` says).
   Target: p99 <= 0.2 ms for act + screen, judged on the second, worst seed.
 - false alarms: the share of steps the screen hands to the fallback on held-out episodes of
   the same line (new seeds), and the share of those episodes with at least one such step;
+- the part screen, per episode: the share of held-out episodes it hands over (their parts
+  are the training shift's) and of episodes with the new part variant it catches. The
+  exported policy knows the parts of its training shift as a fine-tune on it would;
 - detection on the line's own changes, from its timeline (refcell/worlds/<cell>.yaml): every
   step of episodes with the new part variant alone, and the low-light steps (lighting drift
   beyond anything in the training episodes) of a shift under the winter-light event.
@@ -268,8 +271,16 @@ def time_steps(policy, session, observations) -> dict:
 
     rows = observations[: LATENCY_STEPS + WARMUP_STEPS]
     times = {"onnx": [], "torch": [], "screen": []}
+    # A familiar part's footprint: the part screen passes it and the step screen runs too.
+    footprint = np.full(
+        2, session.ood_model.part_footprints_m[0] if session.ood_model.part_footprints_m else 0.06
+    )
+
+    def screen(obs):
+        return session.screen(obs, footprint)
+
     for index, obs in enumerate(rows):
-        calls = (("onnx", session.act), ("torch", policy.act), ("screen", session.screen))
+        calls = (("onnx", session.act), ("torch", policy.act), ("screen", screen))
         for name, call in calls:
             started = time.perf_counter_ns()
             call(obs)
