@@ -10,9 +10,10 @@ checked). Then, per seed:
 
 - latency: `PolicySession.act` (onnxruntime) and torch eager `Policy.act` (what the cell ran
   before) on the same observations, one at a time, interleaved; plus the screen (part
-  footprint, OOD score and confidence floor) that the runtime adds per step. Timed twice: under the default scheduler,
-  and under SCHED_FIFO as a box runs its control loop (where permitted; `scheduler` says).
-  Target: p99 <= 0.2 ms for act + screen, judged on the second, worst seed.
+  footprint, OOD score and confidence floor) that the runtime adds per step. Timed twice:
+  under the default scheduler, and under SCHED_FIFO as a box runs its control loop (where
+  permitted; `scheduler` says). Target: p99 <= 0.2 ms for act + screen, judged on the
+  second, worst seed.
 - false alarms: the share of steps the screen hands to the fallback on held-out episodes of
   the same line (new seeds), and the share of those episodes with at least one such step;
 - the part screen, per episode: the share of held-out episodes it hands over (their parts

@@ -80,14 +80,7 @@ def fine_tune_and_register(
                 base_policy.net, data, train, version=f"ft-{run_id[:8]}", on_epoch=on_epoch
             )
         log_learning_curve(history)
-        net.config.trained_on |= _footprints_learned(base_policy.net, data, params)
-        folder, export = save_policy_for_edge(
-            net,
-            out,
-            data.observations,
-            params.edge.ood_false_alarm,
-            params.edge.footprint_tolerance_m,
-        )
+        folder, export = _save_for_edge(net, base_policy.net, data, params, out)
         log_edge_export(export)
         tags = {"dataset_version": dataset_version, "base_policy": base_policy.name}
         version = register_policy(
@@ -123,6 +116,15 @@ def training_set(params: Params, dataset: Path, batches: list[str]) -> TrainingS
     novel = novel_part_ids(episodes, steps, None, params.triage)
     return training_examples(
         episodes, steps, params.train.intervention_weight, novel, params.triage.novel_part_weight
+    )
+
+
+def _save_for_edge(net, base, data: TrainingSet, params: Params, out: Path) -> tuple[Path, dict]:
+    """The fine-tuned policy with its edge files, knowing its base's parts and the line's."""
+    net.config.trained_on |= _footprints_learned(base, data, params)
+    edge = params.edge
+    return save_policy_for_edge(
+        net, out, data.observations, edge.ood_false_alarm, edge.footprint_tolerance_m
     )
 
 
