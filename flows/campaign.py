@@ -402,7 +402,9 @@ def _day_row(campaign: Campaign, ledger: DayLedger, cell: str, day: int) -> dict
         "drift_detected": None if drift is None else drift["detected"],
         "drift": drift,
         "part_mix": parts,
-        "ood_episodes": _ood_episodes(ledger, cell, day),  # recorded, not a trigger (params.yaml)
+        # Recorded, not triggers (params.yaml): the box's screens.
+        "ood_episodes": _captured_episodes(ledger, cell, day, "ood"),
+        "novel_part_episodes": _captured_episodes(ledger, cell, day, "novel_part"),
         "trigger": reasons,
         # Where the cell's line is as the campaign takes the day up: held (hold_line), it
         # stays within the day, so the loop's trials meet the line of the day they judge.
@@ -410,14 +412,14 @@ def _day_row(campaign: Campaign, ledger: DayLedger, cell: str, day: int) -> dict
     }
 
 
-def _ood_episodes(ledger: DayLedger, cell: str, day: int) -> int:
-    """Episodes of the day's shift with an `ood` capture (the box's out-of-distribution
-    screen): new parts and scenes. Operator takeovers are not counted: a weak policy has them
-    on every episode, every day."""
+def _captured_episodes(ledger: DayLedger, cell: str, day: int, reason: str) -> int:
+    """Episodes of the day's shift with a `reason` capture: `ood` (the box's out-of-distribution
+    screen refused a step) or `novel_part` (it handed over an episode for its part). Operator
+    takeovers are not counted: a weak policy has them on every episode, every day."""
     if not ledger.count(cell, day):
         return 0
     reasons = ledger.tables(cell, day)[0]["edge_case_reasons"].to_pylist()
-    return sum(1 for listed in reasons if listed and "ood" in listed)
+    return sum(1 for listed in reasons if listed and reason in listed)
 
 
 def _run_loop(campaign: Campaign, due: list[str]) -> list[dict]:

@@ -308,7 +308,10 @@ class ShiftRecorder:
         if record.fallback is not None:
             fallback = record.fallback
             why = _fallback_reason(fallback)
-            self._capture(cell, record, "ood", f"box handed the step to the operator: {why}")
+            # The box's part verdict is a capture reason of its own: the review and the
+            # campaign count unfamiliar parts apart from the steps the OOD screen refused.
+            reason = NOVEL_PART if fallback.reason == NOVEL_PART else "ood"
+            self._capture(cell, record, reason, f"box handed the step to the operator: {why}")
         elif record.intervention:
             self._capture(cell, record, "operator_flag", "operator took over from the policy")
         if result.safety_stop:

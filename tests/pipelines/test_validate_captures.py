@@ -96,7 +96,7 @@ def test_broken_captures_are_reported_by_severity(params, captured):
         "captures.reason: 1 captures in the landing folder that their episode does not list "
         "(landed after ingest?) (e.g. gremlin)",
         "captures.reason: 1 captures with a reason outside low_confidence, operator_flag, "
-        "safety_stop, near_failure, retry, ood, rollback (e.g. gremlin)",
+        "safety_stop, near_failure, retry, ood, novel_part, rollback (e.g. gremlin)",
         "captures.reason: 1 captures without their JSON sidecar in the landing folder "
         "(e.g. low_confidence)",
         "captures.sidecar: 1 sidecars with a wrong cell, time, step or log time",

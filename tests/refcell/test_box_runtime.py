@@ -132,9 +132,19 @@ def test_a_part_none_of_the_policys_parts_resembles_goes_to_the_operator_from_it
     assert [e["step"] for e in fallbacks] == list(range(end["steps"]))
     assert {e["reason"] for e in fallbacks} == {"novel_part"}
     assert all(e["ood_score"] > 0.1 and e["ood_threshold"] == 0.005 for e in fallbacks)
-    (sidecar,) = (tmp_path / "landing" / "captures").glob("*_ood.json")
+    captures = tmp_path / "landing" / "captures"
+    (sidecar,) = captures.glob("*_novel_part.json")
+    assert not list(captures.glob("*_ood.json")) and "novel_part" in CAPTURE_REASONS
     note = json.loads(sidecar.read_text())["operator_note"]
     assert "part footprint" in note and "mm from every part the policy trained on" in note
+    from pipelines.ingest import read_dataset
+    from tests.pipelines.test_ingest_helpers import ingest
+
+    report = ingest(tmp_path, tmp_path / "landing", params)
+    assert not report.quarantined, report
+    episodes, steps = read_dataset(tmp_path / "dataset")
+    assert "novel_part" in episodes["edge_case_reasons"].to_pylist()[0]
+    assert all(steps["intervention"].to_pylist())  # the operator drove every step
 
 
 def test_with_the_fallback_off_the_policy_drives_every_step(params, tmp_path, onnx_folder):

@@ -24,8 +24,9 @@ from __future__ import annotations
 from pipelines.quality.expectations.common import CRITICAL, WARNING, meta
 
 TABLE = "captures"
-# `ood`: the edge box handed a step to the fallback; `rollback`: its health check rolled a
-# newly activated model back (refcell/process/health.py; docs/data-contract.md).
+# `ood`: the edge box handed a step to the fallback; `novel_part`: it handed an episode whose
+# part the policy never trained on; `rollback`: its health check rolled a newly activated model
+# back (refcell/process/health.py; docs/data-contract.md).
 CAPTURE_REASONS = (
     "low_confidence",
     "operator_flag",
@@ -33,6 +34,7 @@ CAPTURE_REASONS = (
     "near_failure",
     "retry",
     "ood",
+    "novel_part",
     "rollback",
 )
 COLUMNS = (

@@ -47,8 +47,16 @@ from pipelines.quality.triage.snapshots import read_snapshots, snapshot_evidence
 QUEUE_CLASS_ORDER = (SAFETY, NOVEL_PART, CONTROL, PHYSICS, PERCEPTION)
 # Part kinds (`part_kinds`) that are not the part the cell was built for.
 NOVEL_PART_KINDS = ("larger", "smaller")
-# ...and among captures of one class, the reasons a person most needs to see first.
-QUEUE_REASON_ORDER = ("safety_stop", "operator_flag", "near_failure", "retry", "low_confidence")
+# ...and among captures of one class, the reasons a person most needs to see first (the box's
+# `novel_part`: a part the running policy never trained on, judged before it was pushed).
+QUEUE_REASON_ORDER = (
+    "safety_stop",
+    "novel_part",
+    "operator_flag",
+    "near_failure",
+    "retry",
+    "low_confidence",
+)
 
 
 @dataclass(frozen=True)
