@@ -61,6 +61,16 @@ def cell_process(params, tmp_path: Path, edge: EdgeParams, episodes_per_shift: i
     return CellProcess(config, params.cell, params.record, edge_params=edge)
 
 
+def one_episode_log(params, tmp_path: Path, edge: EdgeParams, folder: Path) -> Path:
+    """Publish `folder`, run one production episode on it, and return the shift's log."""
+    cell = cell_process(params, tmp_path, edge, episodes_per_shift=1)
+    publish_folder(tmp_path, folder, 1)
+    cell.step()
+    cell.finish()
+    (log,) = sorted((tmp_path / "landing").glob("*.mcap"))
+    return log
+
+
 def events(log: Path, kind: str) -> list[dict]:
     with log.open("rb") as stream:
         reader = make_reader(stream, decoder_factories=[DecoderFactory()])
@@ -122,11 +132,7 @@ def test_a_part_none_of_the_policys_parts_resembles_goes_to_the_operator_from_it
     net.config.trained_on = {"part_footprints_m": [0.2]}
     folder, _ = save_policy_for_edge(net, tmp_path / "policy", observations(2000), 0.01, 0.005)
     edge = EdgeParams(health_episodes=50, ood_false_alarm=0.01, min_confidence=0.0, fallback=True)
-    cell = cell_process(params, tmp_path, edge, episodes_per_shift=1)
-    publish_folder(tmp_path, folder, 1)
-    cell.step()
-    cell.finish()
-    (log,) = sorted((tmp_path / "landing").glob("*.mcap"))
+    log = one_episode_log(params, tmp_path, edge, folder)
     fallbacks = events(log, "fallback")
     (end,) = events(log, "end")
     assert [e["step"] for e in fallbacks] == list(range(end["steps"]))
@@ -149,11 +155,7 @@ def test_a_part_none_of_the_policys_parts_resembles_goes_to_the_operator_from_it
 
 def test_with_the_fallback_off_the_policy_drives_every_step(params, tmp_path, onnx_folder):
     edge = EdgeParams(health_episodes=50, ood_false_alarm=0.01, min_confidence=0.99, fallback=False)
-    cell = cell_process(params, tmp_path, edge, episodes_per_shift=1)
-    publish_folder(tmp_path, onnx_folder, 1)
-    cell.step()
-    cell.finish()
-    (log,) = sorted((tmp_path / "landing").glob("*.mcap"))
+    log = one_episode_log(params, tmp_path, edge, onnx_folder)
     assert events(log, "fallback") == [] and events(log, "end")
     assert not list((tmp_path / "landing" / "captures").glob("*_ood.json"))
 
