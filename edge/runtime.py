@@ -99,6 +99,13 @@ class OodModel:
             raise RuntimeLoadError(
                 f"{where}: not an OOD model ({exc}); re-export the policy"
             ) from None
+        if footprints and not (
+            all(math.isfinite(v) and v > 0 for v in footprints) and 0 < tolerance < math.inf
+        ):
+            raise RuntimeLoadError(
+                f"{where}: part_footprints_m must be positive lengths and footprint_tolerance_m "
+                f"a positive finite length (got {list(footprints)}, {tolerance}); re-export"
+            )
         size = ood_features(np.zeros(OBS_SIZE)).shape[-1]
         if mean.shape != (size,) or whitening.shape != (size, size) or not math.isfinite(threshold):
             raise RuntimeLoadError(

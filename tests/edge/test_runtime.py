@@ -95,6 +95,14 @@ def test_a_folder_without_the_runtime_files_or_with_a_bad_ood_file_is_refused(bu
     (broken / OOD_FILE).write_text(json.dumps({**record, "mean": [0.0, 1.0]}))
     with pytest.raises(RuntimeLoadError, match=r"ood\.json: mean/whitening/threshold do not fit"):
         PolicySession(broken, 0.3)
+    for bad in (
+        {"part_footprints_m": [0.06], "footprint_tolerance_m": float("nan")},
+        {"part_footprints_m": [-0.06], "footprint_tolerance_m": 0.005},
+        {"part_footprints_m": ["wide"], "footprint_tolerance_m": 0.005},
+    ):
+        (broken / OOD_FILE).write_text(json.dumps({**record, **bad}))
+        with pytest.raises(RuntimeLoadError, match=r"ood\.json: .*re-export"):
+            PolicySession(broken, 0.3)
 
 
 def test_a_swap_takes_effect_between_episodes_and_no_step_is_dropped(bundles):
