@@ -66,6 +66,47 @@ def ood_features(obs: np.ndarray) -> np.ndarray:
     )
 
 
+# A policy may see more than the newest observation (pipelines.training.policy.PolicyConfig
+# `history`): its input is then that observation and the `history - 1` before it, newest
+# first. Training data, the torch policy and this box all build that input here, so they
+# cannot disagree on it.
+def stacked_inputs(
+    frames: np.ndarray,
+    history: int,
+    episode_first: np.ndarray | None = None,
+    rows: np.ndarray | None = None,
+) -> np.ndarray:
+    """(M, 12) observations in time order -> (len(rows), history * 12) policy inputs.
+
+    `episode_first`: (M,) the row each frame's episode starts at (default: all one episode);
+    before it there is nothing to remember, so that first frame stands in (its last command
+    is zero). `rows`: the frames to build inputs for (default: all)."""
+    frames = np.asarray(frames, dtype=np.float32)
+    first = np.zeros(len(frames), np.int64) if episode_first is None else episode_first
+    rows = np.arange(len(frames)) if rows is None else np.asarray(rows)
+    index = np.maximum(rows[:, None] - np.arange(history)[None, :], first[rows][:, None])
+    return frames[index].reshape(len(rows), history * OBS_SIZE)
+
+
+class EpisodeInputs:
+    """One episode's policy inputs, a step at a time: `begin()` when an episode starts, then
+    `push(observation)` on every step, whoever drives it, for the input now."""
+
+    def __init__(self, history: int = 1):
+        self.history = int(history)
+        self.size = self.history * OBS_SIZE
+        self.begin()
+
+    def begin(self) -> None:
+        self._frames: list[np.ndarray] = []
+
+    def push(self, observation: np.ndarray) -> np.ndarray:
+        frame = np.asarray(observation, dtype=np.float32).reshape(OBS_SIZE)
+        self._frames = [frame, *self._frames][: self.history]
+        padded = self._frames + [self._frames[-1]] * (self.history - len(self._frames))
+        return np.concatenate(padded)
+
+
 @dataclass(frozen=True)
 class OodModel:
     """A Mahalanobis distance under the training observations' mean and covariance: the
@@ -158,19 +199,31 @@ class PolicySession:
                     f"{self.folder / name}: missing; the box runs bundles exported with "
                     f"{ONNX_FILE} and {OOD_FILE} (re-train or re-promote the model)"
                 )
-        self.name = str(_read_json(self.folder / CONFIG_FILE).get("version", self.folder.name))
+        config = _read_json(self.folder / CONFIG_FILE)
+        self.name = str(config.get("version", self.folder.name))
         self.ood_model = OodModel.from_record(
             _read_json(self.folder / OOD_FILE), str(self.folder / OOD_FILE)
         )
-        self._session, self._input = _onnx_session(self.folder / ONNX_FILE)
+        self.episode = _episode_inputs(config, self.folder / CONFIG_FILE)
+        self._session, self._input = _onnx_session(self.folder / ONNX_FILE, self.episode.size)
         self.confidence_floor = max(self.min_confidence, self.ood_model.confidence_floor)
 
+    def begin_episode(self) -> None:
+        """A new episode: nothing of the last one is remembered."""
+        self.episode.begin()
+
+    def observe(self, observation: np.ndarray) -> np.ndarray:
+        """A step the fallback drives still counts as seen: the policy's frames keep step."""
+        return self.episode.push(observation)
+
     def act(self, observation: np.ndarray) -> np.ndarray:
-        x = np.asarray(observation, dtype=np.float32).reshape(1, OBS_SIZE)
+        x = self.observe(observation).reshape(1, self.episode.size)
         return self._session.run(None, {self._input: x})[0][0].astype(np.float64)
 
-    def act_batch(self, observations: np.ndarray) -> np.ndarray:
-        x = np.ascontiguousarray(observations, dtype=np.float32).reshape(-1, OBS_SIZE)
+    def act_batch(self, inputs: np.ndarray) -> np.ndarray:
+        """Actions for (n, history * 12) policy inputs (stacked_inputs): benches, the
+        export's parity check."""
+        x = np.ascontiguousarray(inputs, dtype=np.float32).reshape(-1, self.episode.size)
         return self._session.run(None, {self._input: x})[0]
 
     def ood(self, observation: np.ndarray) -> tuple[float, bool]:
@@ -225,10 +278,14 @@ class EdgeRuntime:
         with self._lock:
             if self._pending is not None:
                 self._active, self._pending = self._pending, None
+        self._active.begin_episode()
         return self._active
 
     def act(self, observation: np.ndarray) -> np.ndarray:
         return self._active.act(observation)
+
+    def observe(self, observation: np.ndarray) -> np.ndarray:
+        return self._active.observe(observation)
 
     def screen(
         self, observation: np.ndarray, part_footprint_m: np.ndarray | None = None
@@ -251,7 +308,17 @@ def _read_json(path: Path) -> dict[str, Any]:
     return value
 
 
-def _onnx_session(path: Path):
+def _episode_inputs(config: dict[str, Any], where: Path) -> EpisodeInputs:
+    history = config.get("history", 1)
+    if not (isinstance(history, int) and not isinstance(history, bool) and 1 <= history <= 64):
+        raise RuntimeLoadError(
+            f"{where}: history {history!r} is not a number of frames this box can stack "
+            "(1-64); pull the bundle again"
+        )
+    return EpisodeInputs(history)
+
+
+def _onnx_session(path: Path, width: int):
     import onnxruntime as ort  # about 0.3 s to import: only once there is a model
 
     options = ort.SessionOptions()
@@ -265,6 +332,9 @@ def _onnx_session(path: Path):
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise RuntimeLoadError(f"{path}: not a loadable ONNX model ({first})") from None
     inputs = session.get_inputs()
-    if len(inputs) != 1 or inputs[0].shape[-1] != OBS_SIZE:
-        raise RuntimeLoadError(f"{path}: expects {OBS_SIZE} observation values in one input")
+    if len(inputs) != 1 or inputs[0].shape[-1] != width:
+        raise RuntimeLoadError(
+            f"{path}: expects {inputs[0].shape[-1] if len(inputs) == 1 else '?'} input values, "
+            f"its config.json says {width}; re-export the policy"
+        )
     return session, inputs[0].name

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edge.runtime import stacked_inputs
 from pipelines.contract.params import CellParams, PretrainParams
 from pipelines.training import EpochMetrics, Policy, PolicyConfig, PolicyNet, fit, seed_everything
 from refcell.cell import Cell
@@ -27,14 +28,16 @@ def collect_labelled(
     progress: Progress | None = None,
     phase: str = "",
 ) -> tuple[np.ndarray, np.ndarray, float]:
-    """Run `controller` in randomized sim; label every visited state with the expert."""
+    """Run `controller` in randomized sim; label every visited state with the expert. The
+    observations come stacked `params.history` frames deep, as the student will see them."""
     observations, labels, successes = [], [], 0
 
     def keep(_cell: Cell, record: StepRecord) -> None:
-        observations.append(record.observation)
+        episode.append(record.observation)
         labels.append(record.expert)
 
     for offset in range(episodes):
+        episode: list[np.ndarray] = []
         index = first_episode + offset
         world = randomized(
             cell.world, params.randomization, np.random.default_rng([params.seed, index])
@@ -50,9 +53,10 @@ def collect_labelled(
             label_with_expert=True,
         )
         successes += result.success
+        observations.append(stacked_inputs(np.stack(episode), params.history))
         if progress:
             progress(phase, offset + 1, episodes)
-    return np.stack(observations), np.stack(labels), successes / max(episodes, 1)
+    return np.concatenate(observations), np.stack(labels), successes / max(episodes, 1)
 
 
 def pretrain(*args, **kwargs) -> PolicyNet:
@@ -77,6 +81,8 @@ def pretrain_with_observations(
     net = PolicyNet(
         PolicyConfig(
             hidden=list(params.hidden),
+            history=params.history,
+            output_gain=params.output_gain,
             version=version,
             trained_on={
                 "world": "sim",

@@ -135,6 +135,8 @@ def run_episode(
     labeller = Expert() if label_with_expert else None
     if operator:
         operator.reset()
+    if hasattr(controller, "begin_episode"):  # a policy that remembers the episode's frames
+        controller.begin_episode()
     takeovers = takeover_steps = 0
     was_intervening = False
     while True:
@@ -143,6 +145,8 @@ def run_episode(
         if fallback is not None:
             corrected = operator.drive(cell) if operator else Expert().act(cell.true_state())
             proposed = corrected
+            if hasattr(controller, "observe"):  # it still sees the frame it did not act on
+                controller.observe(obs)
         else:
             proposed = propose(controller, cell)
             corrected = operator.decide(proposed, cell) if operator else None

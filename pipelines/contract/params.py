@@ -92,6 +92,9 @@ class PretrainParams:
     dagger_max_rounds: int = 0
     dagger_target_success: float = 1.0
     learning_rate_schedule: LearningRateSchedule = "constant"
+    # Observations the student sees at once (pipelines.training.policy.PolicyConfig.history).
+    history: Annotated[int, Field(ge=1, le=8)] = 1
+    output_gain: Annotated[float, Field(ge=1.0, le=2.0)] = 1.0  # (PolicyConfig)
 
 
 @dataclass(frozen=True, config=_STRICT)
@@ -342,6 +345,9 @@ class LoopParams:
     pretrain_dagger_episodes: PositiveInt
     pretrain_epochs: PositiveInt
     pretrain_learning_rate_schedule: LearningRateSchedule
+    # The loop's student (PretrainParams, PolicyConfig): frames it sees, its output gain.
+    pretrain_history: Annotated[int, Field(ge=1, le=8)]
+    pretrain_output_gain: Annotated[float, Field(ge=1.0, le=2.0)]
     sim_eval_episodes: PositiveInt  # pre-screen: episodes per candidate in the calibrated sim
     sim_eval_seed: int  # the same sim episodes for every candidate
     sim_weight: Annotated[float, Field(ge=0, le=1)]  # of sim success in the pre-screen score

@@ -159,7 +159,8 @@ def action_mse(policy_folder: Path, examples) -> float | None:
         return None
     net = load_policy(policy_folder).net
     x, y, w = (
-        torch.from_numpy(a) for a in (examples.observations, examples.actions, examples.weights)
+        torch.from_numpy(a)
+        for a in (examples.inputs(net.config), examples.actions, examples.weights)
     )
     return _evaluate(net, x, y, w, torch.arange(len(examples)))
 

@@ -74,6 +74,8 @@ def loop_pretrain_params(params: Params) -> PretrainParams:
         dagger_episodes=loop.pretrain_dagger_episodes,
         epochs=loop.pretrain_epochs,
         learning_rate_schedule=loop.pretrain_learning_rate_schedule,
+        history=loop.pretrain_history,
+        output_gain=loop.pretrain_output_gain,
     )
 
 
@@ -86,15 +88,13 @@ def ensure_calibrated_policy(
     from pipelines.training.onnx_export import save_policy_for_edge
     from pipelines.training.train import intra_op_threads
 
-    if calibration.pretrained:
+    settings = loop_pretrain_params(params)
+    if calibration.pretrained and _same_student(calibration.policy, settings):
         return {"policy_folder": str(calibration.policy), "cached": True, "seconds": 0.0}
     started = time.monotonic()
     with intra_op_threads(params.train.threads):
         net, observations = pretrain(
-            calibration.path,
-            params.cell,
-            loop_pretrain_params(params),
-            f"sim-cal-{calibration.hash[:8]}",
+            calibration.path, params.cell, settings, f"sim-cal-{calibration.hash[:8]}"
         )
     folder, _ = save_policy_for_edge(
         net,
@@ -105,6 +105,15 @@ def ensure_calibrated_policy(
     )
     seconds = round(time.monotonic() - started, 1)
     return {"policy_folder": str(folder), "cached": False, "seconds": seconds}
+
+
+def _same_student(folder: Path, settings: PretrainParams) -> bool:
+    """The cached policy is the student `settings` would pretrain (frames seen, output gain):
+    a workspace from before a change of `loop.pretrain_history` gets a new one."""
+    from pipelines.training.policy import load_policy
+
+    config = load_policy(folder).net.config
+    return (config.history, config.output_gain) == (settings.history, settings.output_gain)
 
 
 def register_calibrated(

@@ -25,10 +25,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
+from edge.runtime import stacked_inputs
 from pipelines.contract.params import FinetuneMode, TrainParams
-from pipelines.contract.schema import ACTION_SIZE
+from pipelines.contract.schema import ACTION_SIZE, OBS_SIZE
 from pipelines.quality.triage.selection import episode_weights
-from pipelines.training.policy import PolicyNet, residual_head
+from pipelines.training.policy import PolicyConfig, PolicyNet, feature_size, residual_head
 from pipelines.training.train import EpochMetrics, fit
 
 MODES: tuple[str, ...] = get_args(FinetuneMode)
@@ -46,9 +47,26 @@ class TrainingSet:
     # (E,) the measured part footprint (m, mean over the axes) of each episode used; NaN
     # where the log has none
     part_footprints_m: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    # For a policy that sees several observations (`inputs`): every step's observation in
+    # episode order (M, 12), each example's row among them (N,), and the row each frame's
+    # episode starts at (M,).
+    frames: np.ndarray = field(default_factory=lambda: np.zeros((0, OBS_SIZE), np.float32))
+    rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    episode_first: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     def __len__(self) -> int:
         return len(self.observations)
+
+    def inputs(self, config: PolicyConfig) -> np.ndarray:
+        """The examples as a policy with `config` sees them (edge.runtime.stacked_inputs)."""
+        if config.history == 1:
+            return self.observations
+        if len(self) and not len(self.frames):
+            raise ValueError(
+                "these examples were built without their episodes' frames; build them with "
+                "training_examples for a policy with history"
+            )
+        return stacked_inputs(self.frames, config.history, self.episode_first, self.rows)
 
 
 def _vectors(column: pa.ChunkedArray | pa.Array, size: int) -> np.ndarray:
@@ -136,6 +154,9 @@ def training_examples(
         correction_steps=int(has_correction.sum()),
         is_correction=has_correction[keep],
         part_footprints_m=_footprints(episodes, used),
+        frames=observations,
+        rows=np.flatnonzero(keep),
+        episode_first=np.maximum.accumulate(np.where(first, np.arange(n), 0)),
     )
 
 
@@ -166,7 +187,7 @@ def finetune(
         )
     if len(data) == 0:
         raise ValueError("no training examples: no successful episodes and no corrections")
-    observations, actions, weights = data.observations, data.actions, data.weights
+    observations, actions, weights = data.inputs(base.config), data.actions, data.weights
     trainable = penalty = None
     if params.mode == "residual":
         net = _with_residual_head(base, params.residual_hidden, params.seed)
@@ -222,7 +243,7 @@ def _with_residual_head(base: PolicyNet, hidden: tuple[int, ...], seed: int) -> 
     net.mlp.load_state_dict(base.mlp.state_dict())
     with torch.random.fork_rng():  # the head's start follows the training seed alone
         torch.manual_seed(seed)
-        net.residual = residual_head(config.residual)
+        net.residual = residual_head(config.residual, feature_size(config))
     return net
 
 
@@ -233,14 +254,14 @@ def _with_base_actions(
     it handled (a successful episode's own step): distillation that keeps what worked while
     the corrections teach what did not. Two squared errors on one input are one squared error
     towards their weighted mean, with their summed weight: no extra examples to train on."""
-    handled = ~data.is_correction
+    handled, inputs = ~data.is_correction, data.inputs(base.config)
     with torch.no_grad():
-        own = base.eval()(torch.from_numpy(data.observations[handled])).numpy()
+        own = base.eval()(torch.from_numpy(inputs[handled])).numpy()
     actions, weights = data.actions.copy(), data.weights.copy()
     w = weights[handled][:, None]
     actions[handled] = (w * actions[handled] + weight * own) / np.maximum(w + weight, 1e-9)
     weights[handled] += weight
-    return data.observations, actions.astype(np.float32), weights.astype(np.float32)
+    return inputs, actions.astype(np.float32), weights.astype(np.float32)
 
 
 def _l2_sp(net: PolicyNet, base: PolicyNet, weight: float) -> Callable[[], torch.Tensor]:

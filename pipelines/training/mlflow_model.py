@@ -6,7 +6,8 @@ then `load_context`, which builds the network from `config.json` and copies the 
 weights in (`pipelines.training.policy.load_policy`). Nothing in a logged model is unpickled.
 
 Input: a table with one float32 column per observation field (`OBS_FIELDS`), a row per
-observation; output: one column per action field (`ACTION_FIELDS`), the policy's action.
+observation; output: one column per action field (`ACTION_FIELDS`), the policy's action. A
+policy that remembers (PolicyConfig.history > 1) reads the rows as one episode in time order.
 Loading needs realloop importable (the network's code lives in pipelines.training.policy).
 """
 
@@ -40,8 +41,12 @@ class PolicyModel(PythonModel):
         from pipelines.contract.schema import ACTION_FIELDS, OBS_FIELDS
 
         observations = np.asarray(model_input[list(OBS_FIELDS)], dtype=np.float32)
+        self.policy.begin_episode()
+        inputs = np.zeros((len(observations), self.policy.episode.size), np.float32)
+        for i, row in enumerate(observations):
+            inputs[i] = self.policy.observe(row)
         with torch.inference_mode():
-            actions = self.policy.net(torch.tensor(observations)).numpy()
+            actions = self.policy.net(torch.tensor(inputs)).numpy()
         return pd.DataFrame(actions, columns=list(ACTION_FIELDS))
 
 

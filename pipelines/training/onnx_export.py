@@ -1,7 +1,8 @@
 """The policy's files for the edge box: `policy.onnx`, `ood.json` and `export.json`.
 
 The ONNX model is torch's export of the whole network (feature map and MLP), checked against
-torch on up to PARITY_ROWS of the policy's own training observations: the largest absolute
+torch on up to PARITY_ROWS of the policy's own training inputs (observations, stacked as deep
+as the policy's history, and the part footprint where it reads one): the largest absolute
 difference of any action must be at most PARITY_TOLERANCE, or the folder is not written.
 `export.json` records the check (and MLflow gets it: pipelines.training.tracking).
 """
@@ -17,8 +18,9 @@ import numpy as np
 import torch
 
 from edge.runtime import EXPORT_FILE, ONNX_FILE, OOD_FILE, PolicySession
+from pipelines.contract.schema import OBS_SIZE
 from pipelines.training.ood import fit_ood, part_footprints
-from pipelines.training.policy import PolicyNet, save_policy
+from pipelines.training.policy import PolicyNet, input_size, save_policy
 
 PARITY_ROWS = 10_000
 PARITY_TOLERANCE = 1e-5  # absolute, in normalised action units (-1..1)
@@ -35,7 +37,7 @@ class ParityError(ValueError):
 def export_onnx(net: PolicyNet) -> bytes:
     """The network as ONNX bytes, batch size free. The TorchScript exporter (`dynamo=False`)
     needs no onnxscript, which the training stack does not otherwise use."""
-    example = torch.zeros(1, len(net.config.observation))
+    example = torch.zeros(1, input_size(net.config))
     buffer = io.BytesIO()
     net.eval()
     # torch calls this exporter legacy (the dynamo one needs onnxscript); for a plain MLP it
@@ -73,11 +75,13 @@ def write_edge_files(
 ) -> dict:
     """Write policy.onnx, ood.json and export.json into `folder` (a staging folder); raise
     ParityError if onnxruntime and torch disagree by more than PARITY_TOLERANCE. With
-    `footprint_tolerance_m`, ood.json carries the part footprints the policy trained on."""
+    `footprint_tolerance_m`, ood.json carries the part footprints the policy trained on.
+    `observations`: the network's training inputs; the OOD model reads their newest frame."""
     folder = Path(folder)
     (folder / ONNX_FILE).write_bytes(export_onnx(net))
     footprints = part_footprints(net.config.trained_on)
-    ood = fit_ood(observations, ood_false_alarm, 0, footprints, footprint_tolerance_m)
+    newest = np.asarray(observations)[:, :OBS_SIZE]
+    ood = fit_ood(newest, ood_false_alarm, 0, footprints, footprint_tolerance_m)
     (folder / OOD_FILE).write_text(json.dumps(ood) + "\n")
     rows = parity_rows(observations)
     with torch.inference_mode():

@@ -19,11 +19,22 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from edge.runtime import EpisodeInputs
 from pipelines.contract.schema import ACTION_FIELDS, ACTION_SIZE, OBS_FIELDS, OBS_SIZE
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
-FEATURE_SIZE = 11
+FEATURE_SIZE = 11  # from the newest observation
+PAST_FEATURE_SIZE = 4  # from each older one (`history` > 1): its command, where the part was
+
+
+def feature_size(config: PolicyConfig) -> int:
+    return FEATURE_SIZE + PAST_FEATURE_SIZE * (config.history - 1)
+
+
+def input_size(config: PolicyConfig) -> int:
+    """How many values the network takes: `history` observations (edge.runtime.stacked_inputs)."""
+    return config.history * OBS_SIZE
 
 
 @dataclass
@@ -37,6 +48,15 @@ class PolicyConfig:
     # network's pre-activation, so base and head stay one network, one file, one ONNX graph.
     # None: no head (and no key in config.json, so plain policies' files are as before).
     residual: list[int] | None = None
+    # Observations the network sees at once: the newest and `history - 1` before it. With a
+    # 2-4 step drive lag the commands still in flight decide where the gantry goes next, and
+    # several camera frames average out the part's pose noise; one frame shows neither.
+    # 1 (no key in config.json): the one-frame student every earlier model is.
+    history: int = 1
+    # The output is `output_gain * tanh`, clipped to -1..1 outside training. The expert drives
+    # at full speed on a sixth of its steps, which tanh alone reaches only at infinite
+    # pre-activation: a gain of 1 leaves a student ~10% slower there, and late (timeouts).
+    output_gain: float = 1.0
 
 
 class PolicyNet(nn.Module):
@@ -47,17 +67,28 @@ class PolicyNet(nn.Module):
         super().__init__()
         self.config = config
         layers: list[nn.Module] = []
-        width = FEATURE_SIZE
+        width = feature_size(config)
         for hidden in config.hidden:
             layers += [nn.Linear(width, hidden), nn.Tanh()]
             width = hidden
         layers += [nn.Linear(width, ACTION_SIZE), nn.Tanh()]
         self.mlp = nn.Sequential(*layers)
         if config.residual is not None:
-            self.residual = residual_head(config.residual)
+            self.residual = residual_head(config.residual, feature_size(config))
+
+    def features(self, stacked: torch.Tensor) -> torch.Tensor:
+        """(..., history * 12) stacked observations -> the network's input features."""
+        newest = self.frame_features(stacked[..., :OBS_SIZE])
+        pusher, past = stacked[..., 0:2], []
+        for k in range(1, self.config.history):
+            frame = stacked[..., k * OBS_SIZE : (k + 1) * OBS_SIZE]
+            # the part as that frame saw it, from where the pusher is now: several noisy
+            # frames of one part; and the command sent then, which may only now arrive
+            past += [(frame[..., 4:6] - pusher) * 10.0, frame[..., 10:12]]
+        return torch.cat([newest, *past], dim=-1) if past else newest
 
     @staticmethod
-    def features(obs: torch.Tensor) -> torch.Tensor:
+    def frame_features(obs: torch.Tensor) -> torch.Tensor:
         pusher, velocity = obs[..., 0:2], obs[..., 2:4]
         part, yaw, confidence = obs[..., 4:6], obs[..., 6:7], obs[..., 7:8]
         target, last_action = obs[..., 8:10], obs[..., 10:12]
@@ -79,16 +110,22 @@ class PolicyNet(nn.Module):
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         features = self.features(obs)
         if self.config.residual is None:
-            return self.mlp(features)
-        # The correction acts before the output's tanh: the action stays in -1..1.
-        return torch.tanh(self.mlp[:-1](features) + self.residual(features))
+            action = self.mlp(features)
+        else:
+            # The correction acts before the output's tanh: the action stays in -1..1.
+            action = torch.tanh(self.mlp[:-1](features) + self.residual(features))
+        if self.config.output_gain == 1.0:
+            return action
+        action = action * self.config.output_gain
+        # Clipped only when acting: in training a clip would stop the gradient of an output
+        # past 1 whatever its label, and leave it stuck there.
+        return action if self.training else action.clamp(-1.0, 1.0)
 
 
-def residual_head(hidden: list[int]) -> nn.Sequential:
-    """A small MLP on the policy's features whose last layer starts at zero: added to a base,
-    it leaves the base's actions exactly as they were until training moves it."""
+def residual_head(hidden: list[int], width: int = FEATURE_SIZE) -> nn.Sequential:
+    """A small MLP on the policy's features (`width` of them) whose last layer starts at zero:
+    added to a base, it leaves the base's actions exactly as they were until training moves it."""
     layers: list[nn.Module] = []
-    width = FEATURE_SIZE
     for size in hidden:
         layers += [nn.Linear(width, size), nn.Tanh()]
         width = size
@@ -99,16 +136,28 @@ def residual_head(hidden: list[int]) -> nn.Sequential:
 
 
 class Policy:
-    """A loaded policy: `act(obs)` for one observation, as the cell's controller."""
+    """A loaded policy as the cell's controller: `act(obs)` once per step of an episode.
+
+    A policy with `history` > 1 remembers the episode's observations: `begin_episode()` at
+    each episode's start, and `observe(obs)` on a step something else drives (the operator),
+    so its frames stay in step with the cell's."""
 
     def __init__(self, net: PolicyNet, path: Path | None = None):
         self.net = net.eval()
         self.path = path
         self.name = net.config.version
+        self.episode = EpisodeInputs(net.config.history)
+
+    def begin_episode(self) -> None:
+        self.episode.begin()
+
+    def observe(self, obs: np.ndarray) -> np.ndarray:
+        """Remember `obs`; the input the network would act on now."""
+        return self.episode.push(obs)
 
     @torch.inference_mode()
     def act(self, obs: np.ndarray) -> np.ndarray:
-        return self.net(torch.from_numpy(obs)).numpy().astype(float)
+        return self.net(torch.from_numpy(self.observe(obs))).numpy().astype(float)
 
 
 def save_policy(
@@ -124,8 +173,12 @@ def save_policy(
     staging.mkdir(parents=True)
     save_file({k: v.contiguous() for k, v in net.state_dict().items()}, staging / WEIGHTS_FILE)
     config = asdict(net.config)
+    # a plain one-frame policy's config.json reads as it always has
     if config["residual"] is None:
-        del config["residual"]  # a plain policy's config.json reads as it always has
+        del config["residual"]
+    for key, plain in (("history", 1), ("output_gain", 1.0)):
+        if config[key] == plain:
+            del config[key]
     (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
     if extra is not None:
         try:

@@ -124,7 +124,7 @@ def _save_for_edge(net, base, data: TrainingSet, params: Params, out: Path) -> t
     net.config.trained_on |= _footprints_learned(base, data, params)
     edge = params.edge
     return save_policy_for_edge(
-        net, out, data.observations, edge.ood_false_alarm, edge.footprint_tolerance_m
+        net, out, data.inputs(net.config), edge.ood_false_alarm, edge.footprint_tolerance_m
     )
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -322,10 +323,12 @@ def test_a_cached_calibrated_policy_is_not_pretrained_again(tmp_path, params):
 
     calls = []
 
-    def pretrain(calibration, cell, pretrain_params, version):
-        calls.append((calibration, pretrain_params.dagger_rounds, version))
-        net = PolicyNet(PolicyConfig(hidden=[8], version=version))
-        return net, np.random.default_rng(0).normal(size=(64, 12)).astype(np.float32)
+    def pretrain(calibration, cell, settings, version):
+        calls.append((calibration, settings.dagger_rounds, version))
+        student = {"history": settings.history, "output_gain": settings.output_gain}
+        net = PolicyNet(PolicyConfig(hidden=[8], version=version, **student))
+        inputs = np.random.default_rng(0).normal(size=(64, 12 * settings.history))
+        return net, inputs.astype(np.float32)
 
     def write(path):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -340,6 +343,14 @@ def test_a_cached_calibrated_policy_is_not_pretrained_again(tmp_path, params):
     again = ensure_calibrated_policy(params, chosen, pretrain)
     assert again == {"policy_folder": str(chosen.policy), "cached": True, "seconds": 0.0}
     assert len(calls) == 1
+    # Another student (loop.pretrain_history changed since): the cached one is not it.
+    one_frame = dataclasses.replace(
+        params, loop=dataclasses.replace(params.loop, pretrain_history=1)
+    )
+    assert not ensure_calibrated_policy(one_frame, chosen, pretrain)["cached"]
+    assert len(calls) == 2 and "history" not in json.loads(
+        (chosen.policy / "config.json").read_text()
+    )
 
 
 # --- params ---------------------------------------------------------------------------------
