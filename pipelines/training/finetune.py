@@ -105,26 +105,10 @@ def training_examples(
         raise ValueError("steps reference episodes missing from the episodes table")
     targets = _vectors(episodes["target"], 2)[episode_row]
     success = episodes["success"].to_numpy(zero_copy_only=False).astype(bool)[episode_row]
-
-    # Previous commanded action: the row above, unless this row starts an episode.
-    actions = _vectors(steps["action"], ACTION_SIZE)
     first = np.ones(n, dtype=bool)
     first[1:] = step_episode[1:] != step_episode[:-1]
-    previous = np.zeros_like(actions)
-    previous[1:] = actions[:-1]
-    previous[first] = 0.0
-
-    observations = np.concatenate(
-        [
-            _vectors(steps["joint_position"], 2),
-            _vectors(steps["joint_velocity"], 2),
-            _vectors(steps["part_pose"], 3),
-            steps["part_confidence"].to_numpy(zero_copy_only=False).astype(np.float32)[:, None],
-            targets,
-            previous,
-        ],
-        axis=1,
-    ).astype(np.float32)
+    actions = _vectors(steps["action"], ACTION_SIZE)
+    observations = _observations(steps, targets, actions, first)
 
     intervention = steps["intervention"].to_numpy(zero_copy_only=False).astype(bool)
     corrected = steps["corrected_action"]
@@ -158,6 +142,28 @@ def training_examples(
         rows=np.flatnonzero(keep),
         episode_first=np.maximum.accumulate(np.where(first, np.arange(n), 0)),
     )
+
+
+def _observations(
+    steps: pa.Table, targets: np.ndarray, actions: np.ndarray, first: np.ndarray
+) -> np.ndarray:
+    """(n, 12) observations in OBS_FIELDS order from steps sorted by episode and step; `first`
+    marks the rows that start an episode. The previous commanded action is the row above,
+    unless this row starts an episode."""
+    previous = np.zeros_like(actions)
+    previous[1:] = actions[:-1]
+    previous[first] = 0.0
+    return np.concatenate(
+        [
+            _vectors(steps["joint_position"], 2),
+            _vectors(steps["joint_velocity"], 2),
+            _vectors(steps["part_pose"], 3),
+            steps["part_confidence"].to_numpy(zero_copy_only=False).astype(np.float32)[:, None],
+            targets,
+            previous,
+        ],
+        axis=1,
+    ).astype(np.float32)
 
 
 def _footprints(episodes: pa.Table, episode_ids: np.ndarray) -> np.ndarray:
