@@ -207,6 +207,11 @@ def load_policy(folder: str | Path) -> Policy:
         raise ValueError(f"{config_path}: not a policy config ({exc})") from None
     if config.observation != list(OBS_FIELDS):
         raise ValueError(f"{config_path}: observation fields differ from this cell's {OBS_SIZE}")
+    if not _valid_student(config):
+        raise ValueError(
+            f"{config_path}: history {config.history!r} must be a whole number of frames from 1, "
+            f"output_gain {config.output_gain!r} from 1 to 2; train or pull the policy again"
+        )
     net = PolicyNet(config)
     try:
         net.load_state_dict(load_file(weights_path))
@@ -214,6 +219,13 @@ def load_policy(folder: str | Path) -> Policy:
         reason = str(exc).splitlines()[0]
         raise ValueError(f"{weights_path}: unreadable or mismatched weights ({reason})") from None
     return Policy(net, folder)
+
+
+def _valid_student(config: PolicyConfig) -> bool:
+    """A whole number of frames from 1, and an output gain from 1 to 2 (as params allow)."""
+    gain = config.output_gain
+    frames_ok = type(config.history) is int and config.history >= 1
+    return frames_ok and type(gain) in (int, float) and 1 <= gain <= 2
 
 
 def _replace_dir(new: Path, old: Path) -> None:

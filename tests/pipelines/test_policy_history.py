@@ -110,6 +110,10 @@ def test_a_plain_policy_writes_its_config_as_before_and_the_box_refuses_a_bad_hi
     config = json.loads((plain / "config.json").read_text())
     assert "history" not in config and "output_gain" not in config
     assert load_policy(plain).episode.size == 12
+    for bad in ({"history": 0}, {"history": 2.5}, {"output_gain": 0.5}, {"output_gain": None}):
+        (plain / "config.json").write_text(json.dumps({**config, **bad}))
+        with pytest.raises(ValueError, match=r"plain/config\.json: history .* output_gain"):
+            load_policy(plain)
     folder, _ = save_policy_for_edge(
         history_net(2), tmp_path / "h2", np.tile(observations(500), (1, 2)), 0.01
     )
