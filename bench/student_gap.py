@@ -6,7 +6,8 @@
 The loop's calibrated candidate is a student pretrained (behaviour cloning and DAgger, with
 the loop's settings: `loop.pretrain_*`) in the sim a calibration file describes. Its success on
 the line falls short of the privileged expert's for two reasons: the calibrated sim is not the
-line, and the student (one noisy, late frame in, no memory) is not the expert. This bench
+line, and the student (a few noisy, late frames in: `loop.pretrain_history`) is not the
+expert. This bench
 pretrains the same student twice per pretrain seed: in the calibrated sim (`calibrated`), and
 in the reference cell's TRUE line on that day with the same randomization ranges
 (`true_line`: the best any calibration could give). It evaluates both, and the expert, on the
@@ -15,7 +16,8 @@ shift). `calibration_share` = true_line - calibrated: what a better calibration 
 win; `student_share` = expert - true_line: what only a better student can.
 
 `--set` changes the student's pretrain settings in both arms (e.g. `--set hidden=[256,256]`,
-`--set epochs=80`, `--set dagger_target_success=0.97`): keys of params.yaml `pretrain:`,
+`--set epochs=80`, `--set dagger_target_success=0.97`, or `--set history=1 --set
+output_gain=1.0` for the one-frame student before 1ce81a8): keys of params.yaml `pretrain:`,
 values as JSON.
 
 `--finetune-on WORKSPACE` also fine-tunes every student the way the loop makes its
