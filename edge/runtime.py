@@ -98,13 +98,13 @@ class EpisodeInputs:
         self.begin()
 
     def begin(self) -> None:
-        self._frames: list[np.ndarray] = []
+        self._frames = np.zeros((0, OBS_SIZE), np.float32)  # the newest `history`, oldest first
 
     def push(self, observation: np.ndarray) -> np.ndarray:
-        frame = np.asarray(observation, dtype=np.float32).reshape(OBS_SIZE)
-        self._frames = [frame, *self._frames][: self.history]
-        padded = self._frames + [self._frames[-1]] * (self.history - len(self._frames))
-        return np.concatenate(padded)
+        frame = np.asarray(observation, dtype=np.float32).reshape(1, OBS_SIZE)
+        self._frames = np.concatenate([self._frames, frame])[-self.history :]
+        newest = np.array([len(self._frames) - 1])
+        return stacked_inputs(self._frames, self.history, rows=newest)[0]
 
 
 @dataclass(frozen=True)
