@@ -83,6 +83,7 @@ def pretrain_with_observations(
             hidden=list(params.hidden),
             history=params.history,
             output_gain=params.output_gain,
+            ensemble=params.ensemble,
             version=version,
             trained_on={
                 "world": "sim",

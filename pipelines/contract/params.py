@@ -95,6 +95,7 @@ class PretrainParams:
     # Observations the student sees at once (pipelines.training.policy.PolicyConfig.history).
     history: Annotated[int, Field(ge=1, le=8)] = 1
     output_gain: Annotated[float, Field(ge=1.0, le=2.0)] = 1.0  # (PolicyConfig)
+    ensemble: Annotated[int, Field(ge=1, le=8)] = 1  # students averaged (PolicyConfig)
 
 
 @dataclass(frozen=True, config=_STRICT)
@@ -348,6 +349,7 @@ class LoopParams:
     # The loop's student (PretrainParams, PolicyConfig): frames it sees, its output gain.
     pretrain_history: Annotated[int, Field(ge=1, le=8)]
     pretrain_output_gain: Annotated[float, Field(ge=1.0, le=2.0)]
+    pretrain_ensemble: Annotated[int, Field(ge=1, le=8)]  # students averaged (PolicyConfig)
     sim_eval_episodes: PositiveInt  # pre-screen: episodes per candidate in the calibrated sim
     sim_eval_seed: int  # the same sim episodes for every candidate
     sim_weight: Annotated[float, Field(ge=0, le=1)]  # of sim success in the pre-screen score

@@ -76,6 +76,7 @@ def loop_pretrain_params(params: Params) -> PretrainParams:
         learning_rate_schedule=loop.pretrain_learning_rate_schedule,
         history=loop.pretrain_history,
         output_gain=loop.pretrain_output_gain,
+        ensemble=loop.pretrain_ensemble,
     )
 
 
@@ -108,12 +109,13 @@ def ensure_calibrated_policy(
 
 
 def _same_student(folder: Path, settings: PretrainParams) -> bool:
-    """The cached policy is the student `settings` would pretrain (frames seen, output gain):
-    a workspace from before a change of `loop.pretrain_history` gets a new one."""
+    """The cached policy is the student `settings` would pretrain (frames seen, output gain,
+    members): a workspace from before a change of `loop.pretrain_history` gets a new one."""
     from pipelines.training.policy import load_policy
 
     config = load_policy(folder).net.config
-    return (config.history, config.output_gain) == (settings.history, settings.output_gain)
+    student = (config.history, config.output_gain, config.ensemble)
+    return student == (settings.history, settings.output_gain, settings.ensemble)
 
 
 def register_calibrated(

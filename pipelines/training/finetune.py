@@ -246,7 +246,7 @@ def _with_residual_head(base: PolicyNet, hidden: tuple[int, ...], seed: int) -> 
     config = copy.deepcopy(base.config)
     config.residual = list(hidden)
     net = PolicyNet(config)
-    net.mlp.load_state_dict(base.mlp.state_dict())
+    net.load_state_dict(base.state_dict(), strict=False)  # all but the head: the base's
     with torch.random.fork_rng():  # the head's start follows the training seed alone
         torch.manual_seed(seed)
         net.residual = residual_head(config.residual, feature_size(config))

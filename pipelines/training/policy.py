@@ -7,6 +7,7 @@ run code.
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 from collections.abc import Callable
@@ -26,6 +27,7 @@ WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 FEATURE_SIZE = 11  # from the newest observation
 PAST_FEATURE_SIZE = 4  # from each older one (`history` > 1): its command, where the part was
+MAX_MEMBERS = 8  # PolicyConfig.ensemble, as params.yaml allows it
 
 
 def feature_size(config: PolicyConfig) -> int:
@@ -57,6 +59,34 @@ class PolicyConfig:
     # at full speed on a sixth of its steps, which tanh alone reaches only at infinite
     # pre-activation: a gain of 1 leaves a student ~10% slower there, and late (timeouts).
     output_gain: float = 1.0
+    # Students trained side by side on the same examples, each from its own random start and
+    # on its own error; the policy acts on the mean of their actions, which errs less than
+    # most of them: on cell-07's winter-lit line 3 members placed 95.5 where single students
+    # placed 92.6, on cell-09 no better (docs/calibration.md, "Several students averaged").
+    # 1 (no key in config.json): one network, as every earlier model.
+    ensemble: int = 1
+
+
+class MemberLayers(nn.Module):
+    """`members` MLPs of one shape as one module: each layer's weights stacked on a leading
+    member axis, so one matmul runs every member (and ONNX sees one graph). Each member starts
+    as nn.Linear would start it, from its own draw. (M, width) in -> (members, M, out): the
+    last layer's pre-activation, per member."""
+
+    def __init__(self, members: int, widths: list[int]):
+        super().__init__()
+        self.weights, self.biases = nn.ParameterList(), nn.ParameterList()
+        for fan_in, fan_out in itertools.pairwise(widths):
+            layers = [nn.Linear(fan_in, fan_out) for _ in range(members)]
+            self.weights.append(nn.Parameter(torch.stack([layer.weight.T for layer in layers])))
+            self.biases.append(nn.Parameter(torch.stack([layer.bias[None] for layer in layers])))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        last = len(self.weights) - 1
+        for k, (weight, bias) in enumerate(zip(self.weights, self.biases, strict=True)):
+            x = torch.matmul(x, weight) + bias
+            x = torch.tanh(x) if k < last else x
+        return x
 
 
 class PolicyNet(nn.Module):
@@ -66,13 +96,17 @@ class PolicyNet(nn.Module):
     def __init__(self, config: PolicyConfig):
         super().__init__()
         self.config = config
-        layers: list[nn.Module] = []
-        width = feature_size(config)
-        for hidden in config.hidden:
-            layers += [nn.Linear(width, hidden), nn.Tanh()]
-            width = hidden
-        layers += [nn.Linear(width, ACTION_SIZE), nn.Tanh()]
-        self.mlp = nn.Sequential(*layers)
+        if config.ensemble > 1:
+            widths = [feature_size(config), *config.hidden, ACTION_SIZE]
+            self.members = MemberLayers(config.ensemble, widths)
+        else:
+            layers: list[nn.Module] = []
+            width = feature_size(config)
+            for hidden in config.hidden:
+                layers += [nn.Linear(width, hidden), nn.Tanh()]
+                width = hidden
+            layers += [nn.Linear(width, ACTION_SIZE), nn.Tanh()]
+            self.mlp = nn.Sequential(*layers)
         if config.residual is not None:
             self.residual = residual_head(config.residual, feature_size(config))
 
@@ -108,18 +142,34 @@ class PolicyNet(nn.Module):
         )
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        features = self.features(obs)
-        if self.config.residual is None:
-            action = self.mlp(features)
-        else:
-            # The correction acts before the output's tanh: the action stays in -1..1.
-            action = torch.tanh(self.mlp[:-1](features) + self.residual(features))
+        action = self.member_actions(obs)
+        if self.config.ensemble > 1:
+            action = action.mean(dim=0)
         if self.config.output_gain == 1.0:
             return action
-        action = action * self.config.output_gain
         # Clipped only when acting: in training a clip would stop the gradient of an output
         # past 1 whatever its label, and leave it stuck there.
         return action if self.training else action.clamp(-1.0, 1.0)
+
+    def member_actions(self, obs: torch.Tensor) -> torch.Tensor:
+        """Each member's action, unclipped: (ensemble, ..., 2), or (..., 2) for one network.
+        Training fits every member to the labels on its own (pipelines.training.train)."""
+        features = self.features(obs)
+        if self.config.ensemble == 1 and self.config.residual is None:
+            action = self.mlp(features)
+        else:
+            # A residual correction acts before the output's tanh: the action stays in -1..1.
+            pre = self._preactivation(features)
+            if self.config.residual is not None:
+                pre = pre + self.residual(features)
+            action = torch.tanh(pre)
+        return action if self.config.output_gain == 1.0 else action * self.config.output_gain
+
+    def _preactivation(self, features: torch.Tensor) -> torch.Tensor:
+        if self.config.ensemble == 1:
+            return self.mlp[:-1](features)
+        flat = self.members(features.reshape(-1, features.shape[-1]))
+        return flat.reshape(self.config.ensemble, *features.shape[:-1], ACTION_SIZE)
 
 
 def residual_head(hidden: list[int], width: int = FEATURE_SIZE) -> nn.Sequential:
@@ -176,7 +226,7 @@ def save_policy(
     # a plain one-frame policy's config.json reads as it always has
     if config["residual"] is None:
         del config["residual"]
-    for key, plain in (("history", 1), ("output_gain", 1.0)):
+    for key, plain in (("history", 1), ("output_gain", 1.0), ("ensemble", 1)):
         if config[key] == plain:
             del config[key]
     (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
@@ -210,7 +260,8 @@ def load_policy(folder: str | Path) -> Policy:
     if not _valid_student(config):
         raise ValueError(
             f"{config_path}: history {config.history!r} must be a whole number of frames from 1, "
-            f"output_gain {config.output_gain!r} from 1 to 2; train or pull the policy again"
+            f"output_gain {config.output_gain!r} from 1 to 2, ensemble {config.ensemble!r} a "
+            f"whole number of members from 1 to {MAX_MEMBERS}; train or pull the policy again"
         )
     net = PolicyNet(config)
     try:
@@ -222,10 +273,12 @@ def load_policy(folder: str | Path) -> Policy:
 
 
 def _valid_student(config: PolicyConfig) -> bool:
-    """A whole number of frames from 1, and an output gain from 1 to 2 (as params allow)."""
-    gain = config.output_gain
+    """A whole number of frames from 1 and of members from 1 to MAX_MEMBERS, and an output
+    gain from 1 to 2 (as params allow)."""
+    gain, members = config.output_gain, config.ensemble
     frames_ok = type(config.history) is int and config.history >= 1
-    return frames_ok and type(gain) in (int, float) and 1 <= gain <= 2
+    members_ok = type(members) is int and 1 <= members <= MAX_MEMBERS
+    return frames_ok and members_ok and type(gain) in (int, float) and 1 <= gain <= 2
 
 
 def _replace_dir(new: Path, old: Path) -> None:

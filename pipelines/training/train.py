@@ -95,7 +95,9 @@ def _fit(
         total = 0.0
         for batch in torch.randperm(len(train), generator=generator).split(batch_size):
             idx = train[batch]
-            loss = _weighted_mse(net(x[idx]), y[idx], w[idx])
+            # every member of an ensemble on its own error: members stay apart, their mean
+            # gains what averaging gives (PolicyConfig.ensemble)
+            loss = _weighted_mse(net.member_actions(x[idx]), y[idx], w[idx])
             optimizer.zero_grad()
             (loss if penalty is None else loss + penalty()).backward()
             optimizer.step()
@@ -118,7 +120,12 @@ def _schedule(
 
 
 def _weighted_mse(pred: torch.Tensor, target: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    return (((pred - target) ** 2).sum(dim=-1) * w).sum() / w.sum().clamp_min(1e-9)
+    """Weighted squared action error; `pred` with a leading member axis (an ensemble's
+    member_actions): the members' mean of it."""
+    errors = ((pred - target) ** 2).sum(dim=-1) * w
+    if pred.dim() > target.dim():
+        return errors.sum(dim=-1).mean() / w.sum().clamp_min(1e-9)
+    return errors.sum() / w.sum().clamp_min(1e-9)
 
 
 @torch.no_grad()

@@ -325,7 +325,11 @@ def test_a_cached_calibrated_policy_is_not_pretrained_again(tmp_path, params):
 
     def pretrain(calibration, cell, settings, version):
         calls.append((calibration, settings.dagger_rounds, version))
-        student = {"history": settings.history, "output_gain": settings.output_gain}
+        student = {
+            "history": settings.history,
+            "output_gain": settings.output_gain,
+            "ensemble": settings.ensemble,
+        }
         net = PolicyNet(PolicyConfig(hidden=[8], version=version, **student))
         inputs = np.random.default_rng(0).normal(size=(64, 12 * settings.history))
         return net, inputs.astype(np.float32)
@@ -351,6 +355,13 @@ def test_a_cached_calibrated_policy_is_not_pretrained_again(tmp_path, params):
     assert len(calls) == 2 and "history" not in json.loads(
         (chosen.policy / "config.json").read_text()
     )
+    # ...and loop.pretrain_ensemble: three students averaged are another policy again
+    three = dataclasses.replace(
+        one_frame, loop=dataclasses.replace(one_frame.loop, pretrain_ensemble=3)
+    )
+    assert not ensure_calibrated_policy(three, chosen, pretrain)["cached"]
+    assert json.loads((chosen.policy / "config.json").read_text())["ensemble"] == 3
+    assert ensure_calibrated_policy(three, chosen, pretrain)["cached"] and len(calls) == 3
 
 
 # --- params ---------------------------------------------------------------------------------
