@@ -6,6 +6,8 @@ Actions are normalised velocity commands in [-1, 1] per axis, like the policy's.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from refcell.cell import TrueState
@@ -20,27 +22,54 @@ MOVE_GAIN = 12.0
 LATERAL_GAIN = 12.0
 
 
+@dataclass(frozen=True)
+class PushFrame:
+    """Where the pusher is relative to the part and its push line, as the expert sees it."""
+
+    push_dir: np.ndarray  # unit vector from the part to the target
+    side_dir: np.ndarray
+    distance: float  # part to target, m
+    contact: float  # part half-size plus the pusher's radius, m
+    along: float  # pusher relative to the part along push_dir (negative: behind it)
+    lateral: float
+
+    @property
+    def pushing(self) -> bool:
+        """Lined up behind the part: push. Otherwise the expert repositions."""
+        in_contact = self.along > -(self.contact + 0.01)
+        tolerance = ALIGN_TOLERANCE_M * (1.6 if in_contact else 1.0)  # hysteresis while pushing
+        return self.along < -0.6 * self.contact and abs(self.lateral) < tolerance
+
+
+def push_frame(state: TrueState) -> PushFrame | None:
+    """The expert's view of `state`; None once the part is on its target."""
+    to_goal = state.target - state.part
+    distance = float(np.linalg.norm(to_goal))
+    if distance < 1e-6:
+        return None
+    push_dir = to_goal / distance
+    side_dir = np.array([-push_dir[1], push_dir[0]])
+    relative = state.pusher - state.part
+    contact = state.part_size_m + PUSHER_RADIUS_M
+    along, lateral = float(relative @ push_dir), float(relative @ side_dir)
+    return PushFrame(push_dir, side_dir, distance, contact, along, lateral)
+
+
 class Expert:
     """Stateless controller; `act` takes the cell's TrueState."""
 
     name = "expert"
 
     def act(self, state: TrueState) -> np.ndarray:
-        to_goal = state.target - state.part
-        distance = float(np.linalg.norm(to_goal))
-        if distance < 1e-6:
+        frame = push_frame(state)
+        if frame is None:
             return np.zeros(2)
-        push_dir = to_goal / distance
-        side_dir = np.array([-push_dir[1], push_dir[0]])
-        contact = state.part_size_m + PUSHER_RADIUS_M
-        relative = state.pusher - state.part
-        along, lateral = float(relative @ push_dir), float(relative @ side_dir)
-
-        in_contact = along > -(contact + 0.01)
-        tolerance = ALIGN_TOLERANCE_M * (1.6 if in_contact else 1.0)  # hysteresis while pushing
-        if along < -0.6 * contact and abs(lateral) < tolerance:
-            return self._push(push_dir, side_dir, lateral, along + contact, distance)
-        return self._reposition(state, push_dir, side_dir, contact, along, lateral)
+        if frame.pushing:
+            gap = frame.along + frame.contact
+            return self._push(frame.push_dir, frame.side_dir, frame.lateral, gap, frame.distance)
+        return self._reposition(
+            state, frame.push_dir, frame.side_dir, frame.contact, frame.along, frame.lateral
+        )
 
     def _push(self, push_dir, side_dir, lateral, gap, distance) -> np.ndarray:
         """Drive along the push line; steer back onto it gently, since commands arrive late."""
