@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.cli import report_or_error
+from refcell.expert import Expert, push_frame
 
 NEAR_STEPS = 3  # steps either side of a switch that count as near it
 BIG_ERROR = 0.5  # a difference this large turns the command by ~30 degrees or more
@@ -57,8 +58,6 @@ class Probe:
         return self.controller.observe(obs)
 
     def act(self, obs: np.ndarray) -> np.ndarray:
-        from refcell.expert import Expert, push_frame
-
         state = self.cell.true_state()
         # the expert acts on the true state (refcell.runner.propose), a student on `obs`
         action = self.controller.act(state if isinstance(self.controller, Expert) else obs)
@@ -116,10 +115,11 @@ def run(args) -> dict:
     from pipelines.contract.params import load_params
     from pipelines.training import load_policy
     from refcell.cell import Cell
-    from refcell.expert import Expert
     from refcell.timeline import load_timeline, world_on_day
-    from refcell.world import load_world
+    from refcell.world import WORLD_NAMES, load_world
 
+    if args.world not in WORLD_NAMES:
+        raise ValueError(f"--world {args.world}: unknown line; use one of {', '.join(WORLD_NAMES)}")
     params = load_params(args.params)
     line = world_on_day(load_world(args.world), load_timeline(args.world), args.day)
     student = load_policy(args.policy)  # FileNotFoundError/ValueError: one line, named

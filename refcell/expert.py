@@ -64,23 +64,20 @@ class Expert:
         frame = push_frame(state)
         if frame is None:
             return np.zeros(2)
-        if frame.pushing:
-            gap = frame.along + frame.contact
-            return self._push(frame.push_dir, frame.side_dir, frame.lateral, gap, frame.distance)
-        return self._reposition(
-            state, frame.push_dir, frame.side_dir, frame.contact, frame.along, frame.lateral
-        )
+        return self._push(frame) if frame.pushing else self._reposition(state, frame)
 
-    def _push(self, push_dir, side_dir, lateral, gap, distance) -> np.ndarray:
+    def _push(self, frame: PushFrame) -> np.ndarray:
         """Drive along the push line; steer back onto it gently, since commands arrive late."""
-        speed = np.clip(PUSH_GAIN * distance, 0.25, 1.0)
-        return _limit(push_dir * speed - side_dir * lateral * LATERAL_GAIN)
+        speed = np.clip(PUSH_GAIN * frame.distance, 0.25, 1.0)
+        return _limit(frame.push_dir * speed - frame.side_dir * frame.lateral * LATERAL_GAIN)
 
-    def _reposition(self, state, push_dir, side_dir, contact, along, lateral) -> np.ndarray:
+    def _reposition(self, state: TrueState, frame: PushFrame) -> np.ndarray:
+        push_dir, contact = frame.push_dir, frame.contact
+        along, lateral = frame.along, frame.lateral
         staging = state.part - push_dir * (contact + APPROACH_MARGIN_M)
         waypoint = staging
         if along > -0.6 * contact:  # beside or in front of the part: go around, not through it
-            side = side_dir * (1.0 if lateral >= 0 else -1.0)
+            side = frame.side_dir * (1.0 if lateral >= 0 else -1.0)
             if abs(lateral) < contact + 0.5 * CLEARANCE_M:  # first step out sideways
                 waypoint = state.part + side * (contact + CLEARANCE_M) + push_dir * along
             else:  # then come back down the side to the staging point

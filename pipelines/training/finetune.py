@@ -246,7 +246,10 @@ def _with_residual_head(base: PolicyNet, hidden: tuple[int, ...], seed: int) -> 
     config = copy.deepcopy(base.config)
     config.residual = list(hidden)
     net = PolicyNet(config)
-    net.load_state_dict(base.state_dict(), strict=False)  # all but the head: the base's
+    loaded = net.load_state_dict(base.state_dict(), strict=False)  # all but the new head
+    assert not loaded.unexpected_keys and all(
+        key.startswith("residual.") for key in loaded.missing_keys
+    ), loaded
     with torch.random.fork_rng():  # the head's start follows the training seed alone
         torch.manual_seed(seed)
         net.residual = residual_head(config.residual, feature_size(config))
