@@ -14,7 +14,11 @@ triage does on a dataset whose captures have no snapshots). With `--workdir`, ea
 recorded once into `<workdir>/seed-<seed>` and reused by later runs (a shift of 1,000
 episodes takes minutes); without it, a temporary folder is used and removed. With
 `--baseline-params`, the same shifts are also triaged with those params (with snapshots,
-`baseline`): a change of limits scored before and after on the same episodes.
+`baseline`): a change of limits scored before and after on the same episodes. With
+`--replay`, each shift is also calibrated (`realloop calibrate`'s fit, on the shift itself;
+kept as `<workdir>/seed-<seed>/sim-calibration.yaml`) and triaged with snapshots and the
+replay of its failures of other parts with the standard part in that sim, by the sim policy
+that ran them (`replay`; `realloop triage --policy --calibration`).
 """
 
 from __future__ import annotations
@@ -46,14 +50,20 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         help="also score the same shifts with these params (with snapshots): before/after",
     )
+    parser.add_argument(
+        "--replay",
+        action="store_true",
+        help="also triage with each failure of another part replayed in the shift's calibrated sim",
+    )
     parser.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     args = parser.parse_args(argv)
 
     def produce() -> dict:
+        extra = (args.params, args.baseline_params, args.replay)
         if args.workdir:
-            return run(args.seeds, args.episodes, args.workdir, args.params, args.baseline_params)
+            return run(args.seeds, args.episodes, args.workdir, *extra)
         with tempfile.TemporaryDirectory(prefix="bench-triage-") as tmp:
-            return run(args.seeds, args.episodes, Path(tmp), args.params, args.baseline_params)
+            return run(args.seeds, args.episodes, Path(tmp), *extra)
 
     return report_or_error("triage", produce, print_report, args.json)
 
@@ -121,7 +131,35 @@ def truth_rows(path: Path) -> dict[str, dict]:
     return {r["episode_id"]: r for r in rows}
 
 
-def score_shift(params, root: Path, truth_path: Path, snapshots: bool) -> dict:
+def shift_calibration(params, root: Path) -> Path:
+    """The calibration of the recorded shift under `root`, fitted once and then reused."""
+    from flows.plugins import load_simulator
+    from pipelines.calibrate import calibrate, write_calibration
+    from pipelines.ingest import read_dataset
+
+    path = root / "sim-calibration.yaml"
+    if not path.is_file():
+        simulator, sim_world = load_simulator(params)
+        episodes, steps = read_dataset(root / "data" / "dataset")
+        calibration, _ = calibrate(
+            episodes, steps, simulator, sim_world, params.cell, params.calibrate
+        )
+        write_calibration(calibration, path, {"dataset": str(root / "data" / "dataset")})
+    return path
+
+
+def shift_replay(params, root: Path):
+    """The standard-part replay for the shift under `root`: the sim policy that recorded it,
+    in the sim calibrated from it."""
+    from flows.plugins import load_plugin
+    from pipelines.quality.triage import Counterfactual, StandardPartReplay
+
+    spec = params.simulator.counterfactual
+    replay = load_plugin(spec, "simulator.counterfactual", StandardPartReplay)
+    return Counterfactual(replay, SIM_POLICY, shift_calibration(params, root))
+
+
+def score_shift(params, root: Path, truth_path: Path, snapshots: bool, replay=False) -> dict:
     """The triage verdicts of one recorded shift, scored against its ground truth."""
     from pipelines.ingest import read_dataset
     from pipelines.quality.triage import triage
@@ -137,6 +175,7 @@ def score_shift(params, root: Path, truth_path: Path, snapshots: bool) -> dict:
         read_capture_sidecars(captures, episodes),
         params.record.capture_window_steps,
         captures if snapshots else None,
+        shift_replay(params, root) if replay else None,
     )
     truth = {e: r["true_cause"] for e, r in truth_rows(truth_path).items()}
     episode_pairs = [(truth[v.episode_id], v.failure_class) for v in report.verdicts]
@@ -152,9 +191,11 @@ def run(
     workdir: Path,
     params_path: Path,
     baseline_path: Path | None = None,
+    replay: bool = False,
 ) -> dict:
     """Scores per seed and over all seeds: `without_snapshots`, `snapshots` (both with
-    `params_path`) and, with `baseline_path`, `baseline` (snapshots, those params)."""
+    `params_path`), with `baseline_path`, `baseline` (snapshots, those params), and with
+    `replay`, `replay` (snapshots and the standard-part replay)."""
     from pipelines.contract.params import load_params
 
     params = load_params(params_path)
@@ -163,12 +204,15 @@ def run(
         root = Path(workdir) / f"seed-{seed}"
         shifts[seed] = (root, record(params, root, episodes, seed))
     out: dict = {"seeds": seeds, "episodes": episodes}
-    variants = [("without_snapshots", params, False), ("snapshots", params, True)]
+    variants = [("without_snapshots", params, False, False), ("snapshots", params, True, False)]
     if baseline_path is not None:
-        variants.insert(0, ("baseline", load_params(baseline_path), True))
-    for name, chosen, snapshots in variants:
+        variants.insert(0, ("baseline", load_params(baseline_path), True, False))
+    if replay:
+        variants.append(("replay", params, True, True))
+    for name, chosen, snapshots, replayed in variants:
         pairs = {
-            s: score_shift(chosen, root, truth, snapshots) for s, (root, truth) in shifts.items()
+            s: score_shift(chosen, root, truth, snapshots, replayed)
+            for s, (root, truth) in shifts.items()
         }
         out[name] = {
             "per_seed": {str(s): {k: score(v) for k, v in p.items()} for s, p in pairs.items()},
@@ -181,7 +225,9 @@ def run(
 
 
 def print_report(report: dict) -> None:
-    for name in [n for n in ("baseline", "without_snapshots", "snapshots") if n in report]:
+    for name in [
+        n for n in ("baseline", "without_snapshots", "snapshots", "replay") if n in report
+    ]:
         for seed, scored in report[name]["per_seed"].items():
             print_score(f"{name}, seed {seed}, failed episodes", scored["episodes"])
         print_score(f"{name}, all seeds, failed episodes", report[name]["all"]["episodes"])

@@ -13,14 +13,36 @@ ParamsOpt = Annotated[Path, typer.Option("--params", help="params.yaml to read")
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output on stdout")]
 
 
+PolicyOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--policy",
+        help="the policy folder the cell ran: replay its failures of other parts with the "
+        "standard part (needs --calibration)",
+    ),
+]
+CalibrationOpt = Annotated[
+    Path | None,
+    typer.Option("--calibration", help="sim-calibration.yaml of the cell's line, for the replays"),
+]
+
+
 @fails_cleanly
-def triage_command(params_path: ParamsOpt = Path("params.yaml"), as_json: JsonOpt = False) -> None:
-    """Why episodes failed and which captures to review first (rules: docs/triage.md)."""
+def triage_command(
+    policy: PolicyOpt = None,
+    calibration: CalibrationOpt = None,
+    params_path: ParamsOpt = Path("params.yaml"),
+    as_json: JsonOpt = False,
+) -> None:
+    """Why episodes failed and which captures to review first (rules: docs/triage.md). With
+    --policy and --calibration, each failure of another part is replayed with the standard
+    part in the calibrated sim: the part is blamed where a standard part would have made it."""
     from pipelines.contract.params import load_params
     from pipelines.ingest import CAPTURES_DIR
     from pipelines.quality import triage_dataset
 
     params = load_params(params_path)
+    counterfactual = _counterfactual(policy, calibration, params)
     workspace = Path.cwd()
     dataset = workspace / params.ingest.dataset
     report = triage_dataset(
@@ -29,11 +51,32 @@ def triage_command(params_path: ParamsOpt = Path("params.yaml"), as_json: JsonOp
         params.cell,
         params.triage,
         params.record.capture_window_steps,
+        counterfactual,
     )
     payload = {"dataset": str(params.ingest.dataset)} | report.as_dict(
         params.triage.worst_per_class
     )
     emit(payload, as_json, lambda p: _print_triage(p, params.triage.queue_length))
+
+
+def _counterfactual(policy: Path | None, calibration: Path | None, params):
+    """The replay `--policy` and `--calibration` ask for, or None without them."""
+    from flows.plugins import load_plugin
+    from pipelines.quality.triage import Counterfactual, StandardPartReplay
+
+    if policy is None and calibration is None:
+        return None
+    if policy is None or calibration is None:
+        raise ValueError(
+            "realloop triage: --policy and --calibration go together (the policy the cell ran, "
+            "and a sim-calibration.yaml of its line from `realloop calibrate`)"
+        )
+    for path, what in ((policy / "config.json", "policy folder"), (calibration, "calibration")):
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no such {what}; check the path")
+    spec = params.simulator.counterfactual
+    replay = load_plugin(spec, "simulator.counterfactual", StandardPartReplay)
+    return Counterfactual(replay, policy, calibration)
 
 
 def _print_triage(report: dict, queue_length: int) -> None:
@@ -47,7 +90,12 @@ def _print_triage(report: dict, queue_length: int) -> None:
     parts = ", ".join(f"{kind} {n}" for kind, n in report["parts"].items())
     stdout.print(
         f"parts: {parts}; {len(report['novel_part_episodes'])} novel-part episodes "
-        "(kept and weighted by data selection)",
+        "(kept and weighted by data selection)"
+        + (
+            f"; {report['replayed']} failures replayed with the standard part"
+            if report["replayed"]
+            else ""
+        ),
         soft_wrap=True,
         highlight=False,
     )

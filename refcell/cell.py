@@ -17,6 +17,7 @@ from pipelines.contract.schema import ACTION_SIZE
 from refcell.mjcf import PART_MASS_IN_MJCF, SUBSTEP_S, build_model
 from refcell.world import (
     PartVariant,
+    Perception,
     Physics,
     ShiftConditions,
     World,
@@ -77,6 +78,16 @@ def apply_physics(
     model.dof_frictionloss[2:4] = sliding
     model.dof_frictionloss[4] = sliding * 0.5 * part.size_m
     model.dof_damping[0:2] = physics.joint_damping
+
+
+def camera_bias(perception: Perception, lighting: float) -> np.ndarray:
+    """Where the camera sees a part, less where it is (m), at `lighting`."""
+    return np.array(
+        [
+            perception.bias_x_m + perception.bias_drift_x_m * lighting,
+            perception.bias_y_m + perception.bias_drift_y_m * lighting,
+        ]
+    )
 
 
 class Cell:
@@ -201,12 +212,7 @@ class Cell:
         lighting = self.conditions.lighting
         rs, rp = self.rng["sensors"], self.rng["perception"]
         state = self.true_state()
-        bias = np.array(
-            [
-                perception.bias_x_m + perception.bias_drift_x_m * lighting,
-                perception.bias_y_m + perception.bias_drift_y_m * lighting,
-            ]
-        )
+        bias = camera_bias(perception, lighting)
         confidence = (
             perception.confidence_base
             - perception.confidence_drop * lighting

@@ -286,6 +286,13 @@ class TriageParams:
     min_snapshots: int
     max_camera_offset_m: float
     max_box_turn_rad: float
+    # A replay in the calibrated sim (`realloop triage --policy --calibration`; triage/
+    # counterfactual.py): each failed episode of another part whose camera offset is at most
+    # replay_max_camera_offset_m is replayed replay_draws times with the standard part, and
+    # the part is blamed when more than min_standard_part_success of those succeed.
+    replay_draws: PositiveInt
+    replay_max_camera_offset_m: float
+    min_standard_part_success: float
     # Data selection (triage/selection.py): the loss weight of each step of an episode whose
     # part is not the standard one, against 1 for the rest (a factor): the line's unfamiliar
     # parts are where the sim policy never learned, so a uniform sample under-weights them.
@@ -317,6 +324,9 @@ class SimulatorParams:
     # pipelines.release.prescreen's SimPretrain and SimEvaluate protocols.
     pretrain: str
     evaluate: str
+    # Triage's replay (pipelines.quality.triage.StandardPartReplay): a failed episode's logged
+    # start, replayed with the standard part in the sim a calibration file describes.
+    counterfactual: str
 
 
 # What a loop cycle builds per cell (docs/operations.md, "Candidates and the pre-screen").

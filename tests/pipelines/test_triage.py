@@ -27,16 +27,19 @@ from pipelines.quality.triage import (
     PERCEPTION,
     PHYSICS,
     SAFETY,
+    Counterfactual,
     Signals,
     SnapshotPart,
     TriageReport,
     classify,
     episode_signals,
+    logged_starts,
     part_kinds,
     read_snapshot,
     triage,
     triage_dataset,
 )
+from pipelines.quality.triage.counterfactual import START_FRAMES
 from pipelines.quality.triage.snapshots import snapshot_evidence
 from tests.conftest import ROOT
 
@@ -419,6 +422,80 @@ def test_novel_part_episodes_for_data_selection(params):
     assert report.novel_part_episodes() == ["e-1", "e-2", "e-3", "e-9"]
 
 
+# --- replay with a standard part (triage/counterfactual.py) ---------------------------------
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected", "rule"),
+    [
+        # a standard part placed from this start in most replays: the part, even where the
+        # camera's offset is past rule 2's limit or cancels the extra size along the push
+        (
+            {"camera_offset_m": 0.021, "standard_part_success": 0.75},
+            NOVEL_PART,
+            "novel_part_replayed",
+        ),
+        (
+            {"push_gap_m": -0.009, "standard_part_success": 0.875},
+            NOVEL_PART,
+            "novel_part_replayed",
+        ),
+        # a standard part failed as well: not the part, though rule 2's proxies blame it
+        ({"standard_part_success": 0.25}, PERCEPTION, "perception_off"),
+        ({"standard_part_success": 0.6}, PERCEPTION, "perception_off"),  # not above the limit
+    ],
+)
+def test_a_replay_decides_for_the_episodes_it_ran_on(params, changes, expected, rule):
+    larger = {"part_radius_m": 0.0446, "push_gap_m": 0.009, "camera_offset_m": 0.016}
+    verdict = classify(_healthy(penetration_m=0.012, **(larger | changes)), params.triage)
+    assert (verdict.failure_class, verdict.rule) == (expected, rule)
+    if expected == NOVEL_PART:
+        assert verdict.evidence[-1].signal == "standard_part_success"
+        assert all(e.strength > 1 for e in verdict.evidence)
+
+
+def test_a_logged_start_is_the_first_frames_of_the_episode():
+    perceived = np.array([[0.010, 0.020]] * 8) + np.linspace(-0.002, 0.002, 8)[:, None]
+    pusher = np.tile([-0.1, 0.05], (8, 1)) + np.arange(8)[:, None] * 0.001
+    episodes, steps = _tables("e-1", perceived, pusher, np.zeros((8, 2)), np.zeros((8, 2)))
+    [start] = logged_starts(episodes, steps, {"e-1": 0.8}, ["e-1"])
+    assert start.pusher == pytest.approx(pusher[0])
+    assert start.part == pytest.approx(perceived[:START_FRAMES].mean(axis=0), abs=1e-6)
+    assert start.target == pytest.approx(episodes.column("target")[0].as_py())
+    assert start.confidence == 0.8
+    with pytest.raises(ValueError, match="e-2: no first step"):
+        logged_starts(episodes, steps, {"e-2": 0.8}, ["e-2"])
+
+
+def test_triage_replays_the_failures_of_other_parts_in_good_light(params, small_shift):
+    """Every failure of another part with a small camera offset, and only those, goes to the
+    plug-in; what it returns decides them."""
+    root, _ = small_shift
+    asked: list = []
+
+    def replay(policy, calibration, cell, starts, draws, seed):
+        asked.extend(starts)
+        assert draws == params.triage.replay_draws
+        return [1.0] * len(starts)
+
+    counterfactual = Counterfactual(replay, Path("policy"), Path("calibration.yaml"))
+    args = (params.cell, params.triage, params.record.capture_window_steps)
+    captures = root / "data" / "landing" / "captures"
+    report = triage_dataset(root / "data" / "dataset", captures, *args, counterfactual)
+    plain = triage_dataset(root / "data" / "dataset", captures, *args)
+    expected = {
+        e
+        for e, s in plain.signals.items()
+        if plain.parts[e] in ("larger", "smaller")
+        and s.safety_stops == 0
+        and s.camera_offset_m <= params.triage.replay_max_camera_offset_m
+    }
+    assert expected, "the small shift has failures of other parts in good light"
+    assert {s.episode_id for s in asked} == expected and report.replayed() == len(expected)
+    blamed = {v.episode_id for v in report.verdicts if v.rule == "novel_part_replayed"}
+    assert blamed == expected
+
+
 # --- recorded shifts -------------------------------------------------------------------------
 
 
@@ -574,6 +651,37 @@ def test_triage_command_fails_in_one_line_without_a_dataset(params_path, tmp_pat
     run = _cli("--params", str(params_path), "--json", cwd=tmp_path)
     assert run.returncode == 1 and run.stdout == ""
     assert run.stderr.startswith("realloop: ") and len(run.stderr.strip().splitlines()) == 1
+
+
+def test_triage_command_replays_with_a_policy_and_a_calibration(params_path, small_shift, tmp_path):
+    from pipelines.training import PolicyConfig, PolicyNet, save_policy
+
+    root, _ = small_shift
+    policy = save_policy(PolicyNet(PolicyConfig()), tmp_path / "policy")
+    calibration = tmp_path / "sim-calibration.yaml"
+    calibration.write_text("world:\n  lighting: {amplitude: 1.0}\n")
+    both = ("--policy", str(policy), "--calibration", str(calibration))
+    run = _cli("--params", str(params_path), *both, "--json", cwd=root)
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout)
+    assert report["replayed"] > 0
+    human = _cli("--params", str(params_path), *both, cwd=root)
+    assert f"{report['replayed']} failures replayed with the standard part" in human.stdout
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("--policy", "models/sim-policy"), ("--calibration", "sim-calibration.yaml")],
+)
+def test_triage_command_wants_policy_and_calibration_together(params_path, small_shift, args):
+    root, _ = small_shift
+    run = _cli("--params", str(params_path), *args, "--json", cwd=root)
+    assert run.returncode == 1 and run.stdout == ""
+    assert (
+        run.stderr.startswith("realloop: ")
+        and "--policy and --calibration go together" in run.stderr
+    )
+    assert len(run.stderr.strip().splitlines()) == 1
 
 
 # --- the gate: precision on a full shift -----------------------------------------------------

@@ -1,6 +1,12 @@
 """Failure-mode triage: why did a line episode fail, told from its logs alone (`report` says
 how; docs/triage.md is the reference)."""
 
+from pipelines.quality.triage.counterfactual import (
+    Counterfactual,
+    LoggedStart,
+    StandardPartReplay,
+    logged_starts,
+)
 from pipelines.quality.triage.report import (
     NOVEL_PART_KINDS,
     CaptureRef,
@@ -36,13 +42,17 @@ __all__ = [
     "PHYSICS",
     "SAFETY",
     "CaptureRef",
+    "Counterfactual",
+    "LoggedStart",
     "Signals",
     "SnapshotPart",
+    "StandardPartReplay",
     "TriageReport",
     "Verdict",
     "classify",
     "episode_signals",
     "episode_weights",
+    "logged_starts",
     "novel_part_episode_ids",
     "novel_part_ids",
     "part_kinds",

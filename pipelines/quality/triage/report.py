@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 
 from pipelines.contract.params import CellParams, TriageParams
 from pipelines.ingest import read_dataset
+from pipelines.quality.triage.counterfactual import Counterfactual, logged_starts
 from pipelines.quality.triage.rules import (
     CLASSES,
     CONTROL,
@@ -108,6 +109,10 @@ class TriageReport:
             ]
         return out
 
+    def replayed(self) -> int:
+        """Failed episodes replayed with the standard part (`counterfactual`)."""
+        return sum(bool(np.isfinite(s.standard_part_success)) for s in self.signals.values())
+
     def as_dict(self, per_class: int) -> dict:
         capture_counts = Counter(c["class"] for c in self.captures)
         return {
@@ -118,6 +123,7 @@ class TriageReport:
             "captures": len(self.captures),
             "capture_counts": {c: capture_counts.get(c, 0) for c in CLASSES},
             "parts": dict(sorted(Counter(self.parts.values()).items())),
+            "replayed": self.replayed(),
             "novel_part_episodes": self.novel_part_episodes(),
             "worst": self.worst(per_class),
             "queue": self.captures,
@@ -136,11 +142,13 @@ def triage(
     captures: Iterable[CaptureRef] = (),
     capture_window_steps: int | None = None,
     captures_dir: Path | None = None,
+    counterfactual: Counterfactual | None = None,
 ) -> TriageReport:
     """Classify every failed episode, and every capture (listed in `captures`, or else
     taken from the episodes' `edge_case_reasons`), and sort the captures for review. With
     `captures_dir`, the captures' snapshots there measure the part and the camera's offset
-    (`snapshots`)."""
+    (`snapshots`); with `counterfactual` too, failures of another part are replayed with the
+    standard part in the calibrated sim (`counterfactual`)."""
     success = episodes.column("success").to_numpy(zero_copy_only=False)
     failed = episodes.filter(pa.array(~success))
     ids = episodes.column("episode_id").to_pylist()
@@ -150,6 +158,10 @@ def triage(
     signals = {
         s.episode_id: _with_snapshots(s, seen) for s in episode_signals(failed, steps, cell, params)
     }
+    unmeasured = [e for e in ids if not np.isfinite(seen.get(e, (np.nan, np.nan))[0])]
+    kinds = part_kinds(episodes, seen, params, yaw_turns(steps, unmeasured))
+    if counterfactual is not None:
+        signals = _with_replays(signals, kinds, episodes, steps, cell, params, counterfactual)
     verdicts = [classify(signals[e], params) for e in failed.column("episode_id").to_pylist()]
     by_id = {v.episode_id: v for v in verdicts}
     judged = _capture_verdicts(
@@ -163,8 +175,6 @@ def triage(
     queue.sort(key=_queue_key)
     for rank, row in enumerate(queue, start=1):
         row["rank"] = rank
-    unmeasured = [e for e in ids if not np.isfinite(seen.get(e, (np.nan, np.nan))[0])]
-    kinds = part_kinds(episodes, seen, params, yaw_turns(steps, unmeasured))
     return TriageReport(episodes.num_rows, verdicts, signals, queue, kinds)
 
 
@@ -226,6 +236,34 @@ def _with_snapshots(s: Signals, seen: Mapping[str, tuple[float, float]]) -> Sign
         return s
     radius, offset = seen[s.episode_id]
     return dataclasses.replace(s, part_radius_m=radius, camera_offset_m=offset)
+
+
+def _with_replays(
+    signals: dict[str, Signals],
+    kinds: Mapping[str, str],
+    episodes: pa.Table,
+    steps: pa.Table,
+    cell: CellParams,
+    params: TriageParams,
+    counterfactual: Counterfactual,
+) -> dict[str, Signals]:
+    """`signals` with `standard_part_success` for each failure of another part whose
+    camera's offset (from the snapshots) is at most `replay_max_camera_offset_m`: beyond it a
+    standard part fails as well, and no replay is needed to say so."""
+    chosen = [
+        e
+        for e, s in signals.items()
+        if kinds.get(e) in NOVEL_PART_KINDS
+        and s.safety_stops == 0
+        and s.camera_offset_m <= params.replay_max_camera_offset_m
+    ]
+    confidence = {e: signals[e].confidence_mean for e in chosen}
+    starts = logged_starts(episodes, steps, confidence, chosen)
+    shares = counterfactual.standard_part_success(starts, cell, params)
+    return {
+        e: dataclasses.replace(s, standard_part_success=shares[e]) if e in shares else s
+        for e, s in signals.items()
+    }
 
 
 def _captures_from_episodes(episodes: pa.Table) -> list[CaptureRef]:
@@ -359,10 +397,13 @@ def triage_dataset(
     cell: CellParams,
     params: TriageParams,
     capture_window_steps: int,
+    counterfactual: Counterfactual | None = None,
 ) -> TriageReport:
     """`triage` over a canonical dataset folder, captures' sidecars read from `captures_dir`."""
     episodes, steps = read_dataset(Path(dataset))
     if episodes.num_rows == 0:
         raise FileNotFoundError(f"{dataset}: no episodes in the dataset; run `realloop ingest`")
     refs = read_capture_sidecars(captures_dir, episodes) if captures_dir else []
-    return triage(episodes, steps, cell, params, refs, capture_window_steps, captures_dir)
+    return triage(
+        episodes, steps, cell, params, refs, capture_window_steps, captures_dir, counterfactual
+    )

@@ -66,6 +66,7 @@ class Verdict:
 # The rules in the order they are checked; the first that holds decides.
 RULES = (
     ("safety_stop", SAFETY),
+    ("novel_part_replayed", NOVEL_PART),  # a standard part placed in the calibrated sim
     ("novel_part_with_small_camera_offset", NOVEL_PART),  # snapshots measured the camera
     ("novel_part_with_healthy_perception", NOVEL_PART),  # without snapshots
     ("perception_off", PERCEPTION),
@@ -139,6 +140,8 @@ def _part_seen_to_blame(s: Signals, shape: list[Evidence], params: TriageParams)
     round so far that the policy was chasing it round the table (`yaw_turn_rad` <=
     `max_box_turn_rad`), as it would have chased a cylinder.
     """
+    if np.isfinite(s.standard_part_success):
+        return _replay_blames(s, shape, params)
     if not s.camera_offset_m <= params.max_camera_offset_m:
         return []
     tolerance = params.part_radius_tolerance_m
@@ -160,6 +163,19 @@ def _part_seen_to_blame(s: Signals, shape: list[Evidence], params: TriageParams)
         turn = f"yaw_turn_rad {s.yaw_turn_rad:.3f} <= {params.max_box_turn_rad}"
         return [dataclasses.replace(e, detail=turn) for e in size or shape[:1]] + [offset]
     return []
+
+
+def _replay_blames(s: Signals, shape: list[Evidence], params: TriageParams) -> list[Evidence]:
+    """With a replay in the calibrated sim (triage/counterfactual.py): the part is blamed when
+    a standard part, from the episode's start, placed in more than `min_standard_part_success`
+    of the replays. The replay asks the ground truth's own question, so it replaces the
+    geometry's proxies (push gap, box turn) for the episodes it ran on."""
+    limit = params.min_standard_part_success
+    if not s.standard_part_success > limit:
+        return []
+    share = s.standard_part_success
+    replayed = Evidence("standard_part_success", share, ">", limit, share / limit)
+    return [*shape[:1], replayed]
 
 
 def _part_to_blame(s: Signals, shape: list[Evidence], params: TriageParams) -> list[Evidence]:
@@ -190,10 +206,12 @@ def classify(s: Signals, params: TriageParams) -> Verdict:
 
     - safety: the cell stopped on a safety limit. Certain, and nothing else matters.
     - novel_part: the part is not the one the cell was built for, and a standard part would
-      not have failed so: with snapshots, the camera's offset they measured is one a standard
-      part tolerates, and the part's extra size adds to it, or the box was not chased round
-      (`_part_seen_to_blame`); without, a larger part, perception looks healthy, and the
-      camera's offset along the push does not cancel its extra size (`_part_to_blame`).
+      not have failed so: replayed in the calibrated sim, a standard part placed from the
+      episode's start (`_replay_blames`); with snapshots, the camera's offset they measured is
+      one a standard part tolerates, and the part's extra size adds to it, or the box was not
+      chased round (`_part_seen_to_blame`); without, a larger part, perception looks healthy,
+      and the camera's offset along the push does not cancel its extra size
+      (`_part_to_blame`).
     - perception: the camera was unsure, noisy, or offset (the pusher appears inside the part).
     - control: commands reached the gantry late, or it tracked them poorly.
     - physics: the part slid other than with the pusher (a slippery table, a heavier part).
@@ -214,13 +232,15 @@ def classify(s: Signals, params: TriageParams) -> Verdict:
         return verdict("safety_stop", SAFETY, holds[SAFETY])
     if holds[NOVEL_PART] and np.isfinite(s.camera_offset_m):
         blamed = _part_seen_to_blame(s, holds[NOVEL_PART], params)
+        replayed = np.isfinite(s.standard_part_success)
+        rule = "novel_part_replayed" if replayed else "novel_part_with_small_camera_offset"
         if blamed:
-            return verdict("novel_part_with_small_camera_offset", NOVEL_PART, blamed)
+            return verdict(rule, NOVEL_PART, blamed)
     elif holds[NOVEL_PART] and not holds[PERCEPTION]:
         blamed = _part_to_blame(s, holds[NOVEL_PART], params)
         if blamed:
             return verdict("novel_part_with_healthy_perception", NOVEL_PART, blamed)
-    for rule, cls in RULES[3:6]:
+    for rule, cls in RULES[4:7]:
         if holds[cls]:
             return verdict(rule, cls, holds[cls])
     # The part's shape never decides on its own: it was checked, with its conditions, above.

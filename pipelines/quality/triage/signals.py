@@ -47,6 +47,8 @@ class Signals:
     # From the capture snapshots (`snapshots.snapshot_evidence`); NaN without them.
     part_radius_m: float = float("nan")  # the part's radius as the snapshots draw it
     camera_offset_m: float = float("nan")  # the camera's offset at this episode's light
+    # From a replay in the calibrated sim (`counterfactual`); NaN where none was run.
+    standard_part_success: float = float("nan")  # share of standard-part replays placed
 
     def as_dict(self) -> dict:
         return {k: rounded(v) for k, v in asdict(self).items()}
