@@ -151,12 +151,9 @@ def shift_calibration(params, root: Path) -> Path:
 def shift_replay(params, root: Path):
     """The standard-part replay for the shift under `root`: the sim policy that recorded it,
     in the sim calibrated from it."""
-    from flows.plugins import load_plugin
-    from pipelines.quality.triage import Counterfactual, StandardPartReplay
+    from flows.plugins import load_counterfactual
 
-    spec = params.simulator.counterfactual
-    replay = load_plugin(spec, "simulator.counterfactual", StandardPartReplay)
-    return Counterfactual(replay, SIM_POLICY, shift_calibration(params, root))
+    return load_counterfactual(params, SIM_POLICY, shift_calibration(params, root))
 
 
 def score_shift(params, root: Path, truth_path: Path, snapshots: bool, replay=False) -> dict:

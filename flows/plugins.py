@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import inspect
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 SPEC_FORM = "package.module:name"
@@ -90,6 +91,16 @@ def load_simulator(params) -> tuple[Any, Mapping]:
             "(a mapping with a `physics` section, as in a refcell world file)"
         )
     return simulator, world
+
+
+def load_counterfactual(params, policy: Path, calibration: Path) -> Any:
+    """Triage's standard-part replay (`simulator.counterfactual`) of `policy` (the policy
+    folder the cell ran) in the sim `calibration` describes: a triage `Counterfactual`."""
+    from pipelines.quality.triage import Counterfactual, StandardPartReplay
+
+    spec = params.simulator.counterfactual
+    replay = load_plugin(spec, "simulator.counterfactual", StandardPartReplay)
+    return Counterfactual(replay, Path(policy), Path(calibration))
 
 
 def _called(factory: Any, key: str, spec: str, *args: Any) -> Any:

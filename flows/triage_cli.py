@@ -61,8 +61,7 @@ def triage_command(
 
 def _counterfactual(policy: Path | None, calibration: Path | None, params):
     """The replay `--policy` and `--calibration` ask for, or None without them."""
-    from flows.plugins import load_plugin
-    from pipelines.quality.triage import Counterfactual, StandardPartReplay
+    from flows.plugins import load_counterfactual
 
     if policy is None and calibration is None:
         return None
@@ -71,12 +70,11 @@ def _counterfactual(policy: Path | None, calibration: Path | None, params):
             "realloop triage: --policy and --calibration go together (the policy the cell ran, "
             "and a sim-calibration.yaml of its line from `realloop calibrate`)"
         )
-    for path, what in ((policy / "config.json", "policy folder"), (calibration, "calibration")):
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: no such {what}; check the path")
-    spec = params.simulator.counterfactual
-    replay = load_plugin(spec, "simulator.counterfactual", StandardPartReplay)
-    return Counterfactual(replay, policy, calibration)
+    if not (policy / "config.json").is_file():
+        raise FileNotFoundError(f"{policy}: not a policy folder (no config.json); check the path")
+    if not calibration.is_file():
+        raise FileNotFoundError(f"{calibration}: no such file; run `realloop calibrate` first")
+    return load_counterfactual(params, policy, calibration)
 
 
 def _print_triage(report: dict, queue_length: int) -> None:
