@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -95,12 +96,14 @@ def load_simulator(params) -> tuple[Any, Mapping]:
 
 def load_counterfactual(params, policy: Path, calibration: Path) -> Any:
     """Triage's standard-part replay (`simulator.counterfactual`) of `policy` (the policy
-    folder the cell ran) in the sim `calibration` describes: a triage `Counterfactual`."""
+    folder the cell ran; only its version's episodes are replayed) in the sim `calibration`
+    describes: a triage `Counterfactual`."""
     from pipelines.quality.triage import Counterfactual, StandardPartReplay
 
     spec = params.simulator.counterfactual
     replay = load_plugin(spec, "simulator.counterfactual", StandardPartReplay)
-    return Counterfactual(replay, Path(policy), Path(calibration))
+    version = json.loads((Path(policy) / "config.json").read_text()).get("version")
+    return Counterfactual(replay, Path(policy), Path(calibration), version)
 
 
 def _called(factory: Any, key: str, spec: str, *args: Any) -> Any:

@@ -494,6 +494,11 @@ def test_triage_replays_the_failures_of_other_parts_in_good_light(params, small_
     assert {s.episode_id for s in asked} == expected and report.replayed() == len(expected)
     blamed = {v.episode_id for v in report.verdicts if v.rule == "novel_part_replayed"}
     assert blamed == expected
+    # episodes another policy ran are not judged by this one
+    asked.clear()
+    other = dataclasses.replace(counterfactual, policy_version="cycle-7")
+    report = triage_dataset(root / "data" / "dataset", captures, *args, other)
+    assert asked == [] and report.replayed() == 0
 
 
 # --- recorded shifts -------------------------------------------------------------------------

@@ -6,7 +6,7 @@ the cell was built for would have succeeded. No logged signal answers that (docs
 the policy that ran the episode, from the episode's logged start, with the standard part,
 under fresh draws of the line's noise. The share of those replays that succeed is the
 episode's `standard_part_success`; above `triage.min_standard_part_success` the part is
-blamed (rules.py, rule 2).
+blamed (rules.py, rule 2r).
 
 The simulator is a plug-in (params `simulator.counterfactual`), as calibration's is: triage
 hands it what the logs show at the episode's start and never imports one.
@@ -66,7 +66,14 @@ class Counterfactual:
     replay: StandardPartReplay
     policy: Path
     calibration: Path
+    # The policy's version (its config.json): only episodes the cell ran with it are replayed,
+    # so a dataset spanning several production models is not judged by the wrong one. None:
+    # every episode.
+    policy_version: str | None = None
     seed: int = 0
+
+    def ran(self, episode_policy_version: str | None) -> bool:
+        return self.policy_version is None or episode_policy_version == self.policy_version
 
     def standard_part_success(
         self, starts: Sequence[LoggedStart], cell: CellParams, params: TriageParams

@@ -248,14 +248,23 @@ def _with_replays(
     counterfactual: Counterfactual,
 ) -> dict[str, Signals]:
     """`signals` with `standard_part_success` for each failure of another part whose
-    camera's offset (from the snapshots) is at most `replay_max_camera_offset_m`: beyond it a
-    standard part fails as well, and no replay is needed to say so."""
+    camera's offset (from the snapshots) is at most `replay_max_camera_offset_m` (beyond it a
+    standard part fails as well, and no replay is needed to say so), run by the replay's
+    policy."""
+    versions = dict(
+        zip(
+            episodes.column("episode_id").to_pylist(),
+            episodes.column("policy_version").to_pylist(),
+            strict=True,
+        )
+    )
     chosen = [
         e
         for e, s in signals.items()
         if kinds.get(e) in NOVEL_PART_KINDS
         and s.safety_stops == 0
         and s.camera_offset_m <= params.replay_max_camera_offset_m
+        and counterfactual.ran(versions[e])
     ]
     confidence = {e: signals[e].confidence_mean for e in chosen}
     starts = logged_starts(episodes, steps, confidence, chosen)
