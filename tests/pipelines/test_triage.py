@@ -689,6 +689,22 @@ def test_triage_command_wants_policy_and_calibration_together(params_path, small
     assert len(run.stderr.strip().splitlines()) == 1
 
 
+def test_triage_command_names_a_missing_policy_or_calibration(params_path, small_shift, tmp_path):
+    root, _ = small_shift
+    policy, calibration = tmp_path / "policy", tmp_path / "sim-calibration.yaml"
+    policy.mkdir()
+    (policy / "config.json").write_text("{}")
+    calibration.write_text("world: {}\n")
+    for args, message in [
+        ((tmp_path / "elsewhere", calibration), "elsewhere: not a policy folder"),
+        ((policy, tmp_path / "none.yaml"), "none.yaml: no such file"),
+    ]:
+        paths = ("--policy", str(args[0]), "--calibration", str(args[1]))
+        run = _cli("--params", str(params_path), *paths, "--json", cwd=root)
+        assert run.returncode == 1 and run.stdout == "" and message in run.stderr
+        assert len(run.stderr.strip().splitlines()) == 1
+
+
 # --- the gate: precision on a full shift -----------------------------------------------------
 
 GATE_EPISODES, GATE_SEED = 1000, 4242  # seed chosen before the rules were scored on it
