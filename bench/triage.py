@@ -148,16 +148,20 @@ def shift_calibration(params, root: Path) -> Path:
     return path
 
 
-def shift_replay(params, root: Path):
-    """The standard-part replay for the shift under `root`: the sim policy that recorded it,
-    in the sim calibrated from it."""
+def shift_replay(params, root: Path, policy: Path):
+    """The standard-part replay for the shift under `root`: `policy` (the folder of the policy
+    that recorded it) in the sim calibrated from it."""
     from flows.plugins import load_counterfactual
 
-    return load_counterfactual(params, SIM_POLICY, shift_calibration(params, root))
+    return load_counterfactual(params, policy, shift_calibration(params, root))
 
 
-def score_shift(params, root: Path, truth_path: Path, snapshots: bool, replay=False) -> dict:
-    """The triage verdicts of one recorded shift, scored against its ground truth."""
+def score_shift(
+    params, root: Path, truth_path: Path, snapshots: bool, replay_policy: Path | None = None
+) -> dict:
+    """The triage verdicts of one recorded shift, scored against its ground truth; with
+    `replay_policy` (the folder of the policy that recorded it), failures of other parts are
+    replayed with the standard part in the sim calibrated from the shift."""
     from pipelines.ingest import read_dataset
     from pipelines.quality.triage import triage
     from pipelines.quality.triage.report import read_capture_sidecars
@@ -172,7 +176,7 @@ def score_shift(params, root: Path, truth_path: Path, snapshots: bool, replay=Fa
         read_capture_sidecars(captures, episodes),
         params.record.capture_window_steps,
         captures if snapshots else None,
-        shift_replay(params, root) if replay else None,
+        shift_replay(params, root, replay_policy) if replay_policy else None,
     )
     truth = {e: r["true_cause"] for e, r in truth_rows(truth_path).items()}
     episode_pairs = [(truth[v.episode_id], v.failure_class) for v in report.verdicts]
@@ -208,7 +212,7 @@ def run(
         variants.append(("replay", params, True, True))
     for name, chosen, snapshots, replayed in variants:
         pairs = {
-            s: score_shift(chosen, root, truth, snapshots, replayed)
+            s: score_shift(chosen, root, truth, snapshots, SIM_POLICY if replayed else None)
             for s, (root, truth) in shifts.items()
         }
         out[name] = {
