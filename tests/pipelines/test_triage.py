@@ -688,15 +688,20 @@ def test_triage_command_wants_policy_and_calibration_together(params_path, small
     assert len(run.stderr.strip().splitlines()) == 1
 
 
-def test_triage_command_names_a_missing_policy_or_calibration(params_path, small_shift, tmp_path):
+def test_triage_command_names_a_missing_or_wrong_policy_or_calibration(
+    params_path, small_shift, tmp_path
+):
     root, _ = small_shift
     policy, calibration = tmp_path / "policy", tmp_path / "sim-calibration.yaml"
     policy.mkdir()
     (policy / "config.json").write_text("{}")
     calibration.write_text("world: {}\n")
+    not_calibration = tmp_path / "params.yaml"
+    not_calibration.write_text("cell: {}\n")
     for args, message in [
         ((tmp_path / "elsewhere", calibration), "elsewhere: not a policy folder"),
         ((policy, tmp_path / "none.yaml"), "none.yaml: no such file"),
+        ((policy, not_calibration), "params.yaml: no `world:` section"),
     ]:
         paths = ("--policy", str(args[0]), "--calibration", str(args[1]))
         run = _cli("--params", str(params_path), *paths, "--json", cwd=root)
