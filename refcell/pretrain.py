@@ -11,6 +11,7 @@ import numpy as np
 from edge.runtime import stacked_inputs
 from pipelines.contract.params import CellParams, PretrainParams
 from pipelines.training import EpochMetrics, Policy, PolicyConfig, PolicyNet, fit, seed_everything
+from pipelines.training.reinforce import Step, fine_tune_on_success
 from refcell.cell import Cell
 from refcell.expert import Expert
 from refcell.runner import Controller, StepRecord, run_episode
@@ -121,7 +122,66 @@ def pretrain_with_observations(
         fit(net, obs, labels, epochs=max(params.epochs // 2, 1), on_epoch=on_epoch, **train)
         round_ += 1
     net.config.trained_on["samples"] = len(obs)
+    if params.reinforce and params.reinforce.iterations:
+        after_imitation = params.demo_episodes + round_ * params.dagger_episodes
+        reinforce_in_sim(net, cell, params, after_imitation, progress)
     return net, obs
+
+
+def reinforce_in_sim(
+    net: PolicyNet,
+    cell: Cell,
+    params: PretrainParams,
+    first_episode: int,
+    progress: Progress | None,
+) -> None:
+    """Fine-tune the imitation student on its own success in `cell`'s randomized sim, on
+    episodes after the ones imitation used; what it did goes into the policy's provenance."""
+    settings = params.reinforce
+    lanes = [SimEpisodes(Cell(cell.world, cell.params), params) for _ in range(settings.lanes)]
+    outcome = fine_tune_on_success(net, lanes, settings, params.seed, first_episode, progress)
+    net.config.trained_on["reinforce"] = {
+        "iterations": settings.iterations,
+        "episodes": outcome["episodes"],
+        "placed_while_exploring": round(outcome["placed_while_exploring"][-1], 3),
+    }
+
+
+class SimEpisodes:
+    """The randomized sim's episodes as reinforce.Episodes. The reward: the part's progress
+    toward the target (potential-based shaping, so it changes no optimum, only how soon the
+    student hears of one), one for placing it, minus one for losing it or a safety stop; a
+    timeout earns nothing more, so with discounting a later placement is worth less."""
+
+    PROGRESS_PER_M = 10.0
+    PLACED, LOST = 1.0, -1.0
+
+    def __init__(self, cell: Cell, params: PretrainParams):
+        self.cell, self.params = cell, params
+
+    def start(self, index: int) -> np.ndarray:
+        draw = np.random.default_rng([self.params.seed, index])
+        world = randomized(self.cell.world, self.params.randomization, draw)
+        self.cell.reset(self.params.seed, index, self.params.dagger_episodes, world=world)
+        self.distance = self._distance()
+        return self.cell.observation()
+
+    def step(self, command: np.ndarray) -> Step:
+        result = self.cell.step(command)
+        distance = self._distance()
+        reward = self.PROGRESS_PER_M * (self.distance - distance)
+        self.distance = distance
+        terminal = result.done and result.failure not in (None, "timeout")
+        reward += self.PLACED if result.success else self.LOST if terminal else 0.0
+        return Step(self.cell.observation(), reward, result.done, terminal, result.success)
+
+    @property
+    def elapsed(self) -> float:
+        return self.cell.step_index / self.cell.params.max_steps
+
+    def _distance(self) -> float:
+        state = self.cell.true_state()
+        return float(np.linalg.norm(state.part - state.target))
 
 
 def part_footprints(world: World) -> list[float]:

@@ -74,6 +74,27 @@ LearningRateSchedule = Literal["constant", "cosine"]
 
 
 @dataclass(frozen=True, config=_STRICT)
+class ReinforceParams:
+    """Fine-tuning the pretrained student on its own success in the sim (PPO:
+    pipelines.training.reinforce). The defaults are the usual PPO ones."""
+
+    iterations: NonNegativeInt  # 0: no fine-tune on success
+    episodes_per_iteration: PositiveInt
+    exploration_std: PositiveFloat  # Gaussian exploration, in units of the command limit
+    anchor_weight: Annotated[float, Field(ge=0)]  # pull toward the imitation policy's actions
+    learning_rate: PositiveFloat
+    lanes: PositiveInt = 16  # episodes run side by side, the policy acting for all at once
+    critic_learning_rate: PositiveFloat = 1e-3
+    critic_warmup_iterations: NonNegativeInt = 3  # the critic learns alone first
+    epochs: PositiveInt = 4  # passes over each iteration's steps
+    minibatch_steps: PositiveInt = 1024
+    clip: Annotated[float, Field(gt=0, lt=1)] = 0.2
+    discount: Annotated[float, Field(gt=0, le=1)] = 0.99
+    gae_lambda: Annotated[float, Field(ge=0, le=1)] = 0.95
+    max_grad_norm: PositiveFloat = 0.5
+
+
+@dataclass(frozen=True, config=_STRICT)
 class PretrainParams:
     seed: int
     demo_episodes: int
@@ -96,6 +117,9 @@ class PretrainParams:
     history: Annotated[int, Field(ge=1, le=8)] = 1
     output_gain: Annotated[float, Field(ge=1.0, le=2.0)] = 1.0  # (PolicyConfig)
     ensemble: Annotated[int, Field(ge=1, le=8)] = 1  # students averaged (PolicyConfig)
+    # After imitation, fine-tune on success in the same sim (the loop's: loop.pretrain_reinforce);
+    # None: imitation only, as `realloop cell pretrain` does.
+    reinforce: ReinforceParams | None = None
 
 
 @dataclass(frozen=True, config=_STRICT)
@@ -366,6 +390,9 @@ class LoopParams:
     # calibrated_finetune starts from a strong base: fine-tuned `full`, it drifts toward the
     # operator's way and loses ~20 points; anchored keeps it (bench/efficacy).
     calibrated_finetune_mode: FinetuneMode = "anchored"
+    # The loop's student, once imitation is done, fine-tuned on its own success in the
+    # calibrated sim (PretrainParams.reinforce); None: imitation only
+    pretrain_reinforce: ReinforceParams | None = None
 
     def __post_init__(self) -> None:
         if len(set(self.candidates)) != len(self.candidates):

@@ -77,6 +77,7 @@ def loop_pretrain_params(params: Params) -> PretrainParams:
         history=loop.pretrain_history,
         output_gain=loop.pretrain_output_gain,
         ensemble=loop.pretrain_ensemble,
+        reinforce=loop.pretrain_reinforce,
     )
 
 
@@ -110,12 +111,15 @@ def ensure_calibrated_policy(
 
 def _same_student(folder: Path, settings: PretrainParams) -> bool:
     """The cached policy is the student `settings` would pretrain (frames seen, output gain,
-    members): a workspace from before a change of `loop.pretrain_history` gets a new one."""
+    members, iterations paid for success): a workspace from before a change of
+    `loop.pretrain_history` gets a new one."""
     from pipelines.training.policy import load_policy
 
     config = load_policy(folder).net.config
-    student = (config.history, config.output_gain, config.ensemble)
-    return student == (settings.history, settings.output_gain, settings.ensemble)
+    reinforced = config.trained_on.get("reinforce", {}).get("iterations", 0)
+    student = (config.history, config.output_gain, config.ensemble, reinforced)
+    wanted = settings.reinforce.iterations if settings.reinforce else 0
+    return student == (settings.history, settings.output_gain, settings.ensemble, wanted)
 
 
 def register_calibrated(

@@ -37,6 +37,15 @@ def candidate_params(workspace) -> None:
         pretrain_demo_episodes=10,
         pretrain_dagger_rounds=0,
         pretrain_epochs=3,
+        # the student paid for success too, one iteration after the critic's (seconds)
+        pretrain_reinforce=dict(
+            iterations=2,
+            critic_warmup_iterations=1,
+            episodes_per_iteration=2,
+            exploration_std=0.1,
+            anchor_weight=0.3,
+            learning_rate=3e-5,
+        ),
         sim_eval_episodes=5,
         calibrate_episodes=20,  # the newest shift
     )
@@ -132,7 +141,10 @@ def test_the_calibration_is_cached_by_its_hash_and_named_by_the_candidates(cycle
     )
     folder = workspace / "models" / "calibrated" / CELL / calibration["hash"]
     assert (folder / "sim-calibration.yaml").is_file()
-    assert (folder / "policy" / "config.json").is_file()
+    config = json.loads((folder / "policy" / "config.json").read_text())
+    # imitation, then paid for success in the same calibrated sim (loop.pretrain_reinforce)
+    assert config["trained_on"]["reinforce"]["iterations"] == 2
+    assert config["trained_on"]["reinforce"]["episodes"] == 4
     current = json.loads((workspace / "models/calibrated" / CELL / "current.json").read_text())
     assert current == {"hash": calibration["hash"]}
     # The sim follows the line as it is now: calibrated from the newest shift, the held-out one.

@@ -331,6 +331,8 @@ def test_a_cached_calibrated_policy_is_not_pretrained_again(tmp_path, params):
             "ensemble": settings.ensemble,
         }
         net = PolicyNet(PolicyConfig(hidden=[8], version=version, **student))
+        if settings.reinforce:  # as refcell.pretrain.reinforce_in_sim records it
+            net.config.trained_on["reinforce"] = {"iterations": settings.reinforce.iterations}
         inputs = np.random.default_rng(0).normal(size=(64, 12 * settings.history))
         return net, inputs.astype(np.float32)
 
@@ -362,6 +364,13 @@ def test_a_cached_calibrated_policy_is_not_pretrained_again(tmp_path, params):
     assert not ensure_calibrated_policy(three, chosen, pretrain)["cached"]
     assert json.loads((chosen.policy / "config.json").read_text())["ensemble"] == 3
     assert ensure_calibrated_policy(three, chosen, pretrain)["cached"] and len(calls) == 3
+    # ...and loop.pretrain_reinforce: a student paid for success is another policy too
+    imitation_only = dataclasses.replace(
+        three, loop=dataclasses.replace(three.loop, pretrain_reinforce=None)
+    )
+    assert not ensure_calibrated_policy(imitation_only, chosen, pretrain)["cached"]
+    assert ensure_calibrated_policy(imitation_only, chosen, pretrain)["cached"] and len(calls) == 4
+    assert not ensure_calibrated_policy(three, chosen, pretrain)["cached"]
 
 
 # --- params ---------------------------------------------------------------------------------
@@ -424,4 +433,6 @@ def test_the_loop_pretrains_with_its_own_dagger_floor_ceiling_and_target(params)
     assert pretrain.dagger_rounds == loop.pretrain_dagger_rounds
     assert pretrain.dagger_max_rounds == loop.pretrain_dagger_max_rounds > pretrain.dagger_rounds
     assert pretrain.dagger_target_success == loop.pretrain_dagger_target_success
+    assert pretrain.reinforce == loop.pretrain_reinforce and pretrain.reinforce.iterations > 0
+    assert params.pretrain.reinforce is None  # `realloop cell pretrain`: imitation only
     assert params.pretrain.dagger_max_rounds == 0  # `realloop cell pretrain`: exactly its rounds
