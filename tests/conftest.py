@@ -26,6 +26,18 @@ def params(params_path) -> Params:
     return load_params(params_path)
 
 
+# Fine-tuning on success small enough for unit tests: one iteration of the critic alone, one
+# of the student, two episodes each (loop.pretrain_reinforce's keys).
+TINY_REINFORCE = {
+    "iterations": 2,
+    "critic_warmup_iterations": 1,
+    "episodes_per_iteration": 2,
+    "exploration_std": 0.1,
+    "anchor_weight": 0.3,
+    "learning_rate": 3e-5,
+}
+
+
 @pytest.fixture(scope="session")
 def tiny_pretrain(params):
     """Pretraining small enough for unit tests (seconds, not minutes)."""

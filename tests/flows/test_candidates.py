@@ -14,7 +14,7 @@ import json
 import pytest
 import yaml
 
-from tests.conftest import realloop
+from tests.conftest import TINY_REINFORCE, realloop
 from tests.pipelines.test_cycle_record import copy_pipeline
 
 pytestmark = pytest.mark.timeout(1500)
@@ -37,15 +37,8 @@ def candidate_params(workspace) -> None:
         pretrain_demo_episodes=10,
         pretrain_dagger_rounds=0,
         pretrain_epochs=3,
-        # the student paid for success too, one iteration after the critic's (seconds)
-        pretrain_reinforce=dict(
-            iterations=2,
-            critic_warmup_iterations=1,
-            episodes_per_iteration=2,
-            exploration_std=0.1,
-            anchor_weight=0.3,
-            learning_rate=3e-5,
-        ),
+        # the student paid for success too (seconds)
+        pretrain_reinforce=TINY_REINFORCE,
         sim_eval_episodes=5,
         calibrate_episodes=20,  # the newest shift
     )

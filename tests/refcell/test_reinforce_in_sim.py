@@ -15,15 +15,9 @@ from refcell.cell import Cell
 from refcell.expert import Expert
 from refcell.pretrain import SimEpisodes, pretrain_with_observations
 from refcell.world import load_world
+from tests.conftest import TINY_REINFORCE
 
-FEW = ReinforceParams(
-    iterations=2,
-    critic_warmup_iterations=1,
-    episodes_per_iteration=2,
-    exploration_std=0.1,
-    anchor_weight=0.3,
-    learning_rate=3e-5,
-)
+FEW = ReinforceParams(**TINY_REINFORCE)
 
 
 def distance(cell: Cell) -> float:
