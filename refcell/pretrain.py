@@ -171,9 +171,9 @@ class SimEpisodes:
         distance = self._distance()
         reward = self.PROGRESS_PER_M * (self.distance - distance)
         self.distance = distance
-        terminal = result.done and result.failure not in (None, "timeout")
-        reward += self.PLACED if result.success else self.LOST if terminal else 0.0
-        return Step(self.cell.observation(), reward, result.done, terminal, result.success)
+        lost = result.done and result.failure not in (None, "timeout")  # or a safety stop
+        reward += self.PLACED if result.success else self.LOST if lost else 0.0
+        return Step(self.cell.observation(), reward, result.done, result.success)
 
     @property
     def elapsed(self) -> float:

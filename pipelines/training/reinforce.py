@@ -29,20 +29,19 @@ from torch import nn
 
 from edge.runtime import EpisodeInputs
 from pipelines.contract.params import ReinforceParams
-from pipelines.training.policy import PolicyNet
+from pipelines.training.policy import PolicyNet, feature_size
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
 
 @dataclass
 class Step:
-    """What one command led to: the next observation, its reward, and whether the episode
-    ended (`terminal`: in a state the episode cannot go on from; a timeout is not one)."""
+    """What one command led to: the next observation, its reward, whether the episode ended
+    and, if it did, whether the part was placed."""
 
     observation: np.ndarray
     reward: float
     done: bool
-    terminal: bool
     success: bool
 
 
@@ -68,7 +67,6 @@ class Batch:
     actions: list[torch.Tensor] = field(default_factory=list)
     log_probs: list[torch.Tensor] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)
-    terminal: list[bool] = field(default_factory=list)
     last: list[bool] = field(default_factory=list)  # the episode's last step
     successes: list[bool] = field(default_factory=list)  # per episode
 
@@ -85,7 +83,6 @@ class Batch:
         self.actions.append(action)
         self.log_probs.append(log_prob)
         self.rewards.append(step.reward)
-        self.terminal.append(step.terminal)
         self.last.append(step.done)
         if step.done:
             self.successes.append(step.success)
@@ -109,8 +106,8 @@ class Critic(nn.Module):
 
     def __init__(self, policy: PolicyNet, hidden: int = 128):
         super().__init__()
-        self.policy = policy
-        width = policy.features(torch.zeros(1, policy.config.history * 12)).shape[-1] + 1
+        self.features = policy.features  # read, never trained: the critic's own layers learn
+        width = feature_size(policy.config) + 1
         self.mlp = nn.Sequential(
             nn.Linear(width, hidden),
             nn.Tanh(),
@@ -120,7 +117,7 @@ class Critic(nn.Module):
         )
 
     def forward(self, inputs: torch.Tensor, elapsed: torch.Tensor) -> torch.Tensor:
-        features = self.policy.features(inputs).detach()
+        features = self.features(inputs).detach()
         return self.mlp(torch.cat([features, elapsed], dim=-1))[:, 0]
 
 
@@ -214,19 +211,15 @@ def _start_next(lane: _Lane, todo: Iterator[int]) -> bool:
 
 
 def advantages(
-    rewards: np.ndarray,
-    values: np.ndarray,
-    last: np.ndarray,
-    terminal: np.ndarray,
-    gamma: float,
-    lam: float,
+    rewards: np.ndarray, values: np.ndarray, last: np.ndarray, gamma: float, lam: float
 ) -> np.ndarray:
     """Generalized advantage estimates over consecutive episodes. An episode's last step
-    bootstraps from nothing: a terminal state is worth nothing, and a timeout's time is up."""
+    bootstraps from nothing: after placing, losing or a safety stop there is nothing more to
+    earn, and at a timeout the time is up (the critic sees the time, so this is its value)."""
     out = np.zeros_like(rewards)
     running = 0.0
     for i in reversed(range(len(rewards))):
-        next_value = 0.0 if (last[i] or terminal[i]) else values[i + 1]
+        next_value = 0.0 if last[i] else values[i + 1]
         if last[i]:
             running = 0.0
         delta = rewards[i] + gamma * next_value - values[i]
@@ -246,19 +239,15 @@ def _update(
     actor_learns: bool,
     generator: torch.Generator,
 ) -> None:
+    """One iteration's learning: the critic on the returns, then (once `actor_learns`) the
+    student on the clipped surrogate plus the anchor, `settings.epochs` passes in minibatches."""
     actor_optimizer, critic_optimizer = optimizers
     inputs, elapsed, actions, old_log_probs = batch.tensors()
     with torch.no_grad():
         values = critic(inputs, elapsed).numpy()
         anchor_actions = anchor(inputs)
-    adv = advantages(
-        np.asarray(batch.rewards, np.float32),
-        values,
-        np.asarray(batch.last),
-        np.asarray(batch.terminal),
-        settings.discount,
-        settings.gae_lambda,
-    )
+    rewards, last = np.asarray(batch.rewards, np.float32), np.asarray(batch.last)
+    adv = advantages(rewards, values, last, settings.discount, settings.gae_lambda)
     returns = torch.from_numpy(adv + values)
     adv_t = torch.from_numpy(adv)
     adv_t = (adv_t - adv_t.mean()) / (adv_t.std() + 1e-8)

@@ -34,7 +34,7 @@ def test_an_episode_pays_for_progress_and_for_placing(params, tiny_pretrain):
         step = episodes.step(expert.act(cell.true_state()))
         paid += step.reward
         assert episodes.elapsed == cell.step_index / params.cell.max_steps
-    assert step.success and not step.terminal
+    assert step.success
     progress = SimEpisodes.PROGRESS_PER_M * (start - distance(cell))
     assert paid == pytest.approx(progress + SimEpisodes.PLACED)
 
