@@ -21,8 +21,8 @@ from refcell.world import (
     Physics,
     ShiftConditions,
     World,
-    draw_latency,
     draw_part,
+    latency_sampler,
     shift_conditions,
 )
 
@@ -114,6 +114,7 @@ class Cell:
             self.episode_world, episode_index, shift_episodes
         )
         self.part: PartVariant = draw_part(self.episode_world, self.rng["part"])
+        self._draw_delay = latency_sampler(self.episode_world.latency)
         self.model, self.data = self._model_for(self.part)
         self._apply_physics()
         self._place_bodies()
@@ -129,7 +130,7 @@ class Cell:
     def step(self, action: np.ndarray) -> StepResult:
         """Command `action` (m/s per axis); it reaches the drives after the line's latency."""
         action = np.clip(np.asarray(action, dtype=float), -1.0, 1.0) * self.params.max_speed_mps
-        delay = draw_latency(self.episode_world, self.conditions, self.rng["latency"])
+        delay = self._draw_delay(self.conditions, self.rng["latency"])
         self.pending.append((self.step_index + delay, self.step_index, action))
         self.applied = self._arrived_command()
         self.data.ctrl[:] = self.applied
@@ -211,7 +212,7 @@ class Cell:
         sensors, perception = self.episode_world.sensors, self.episode_world.perception
         lighting = self.conditions.lighting
         rs, rp = self.rng["sensors"], self.rng["perception"]
-        state = self.true_state()
+        q, v = self.data.qpos, self.data.qvel  # read, not copied: the sums below are new arrays
         bias = camera_bias(perception, lighting)
         confidence = (
             perception.confidence_base
@@ -219,11 +220,10 @@ class Cell:
             + rp.normal(0.0, perception.confidence_noise)
         )
         return Perceived(
-            joint_position=state.pusher + rs.normal(0.0, sensors.joint_position_noise_m, 2),
-            joint_velocity=state.pusher_velocity
-            + rs.normal(0.0, sensors.joint_velocity_noise_mps, 2),
-            part_xy=state.part + bias + rp.normal(0.0, perception.pose_noise_m, 2),
-            part_yaw=float(state.part_yaw + rp.normal(0.0, perception.yaw_noise_rad)),
+            joint_position=q[0:2] + rs.normal(0.0, sensors.joint_position_noise_m, 2),
+            joint_velocity=v[0:2] + rs.normal(0.0, sensors.joint_velocity_noise_mps, 2),
+            part_xy=q[2:4] + bias + rp.normal(0.0, perception.pose_noise_m, 2),
+            part_yaw=float(q[4] + rp.normal(0.0, perception.yaw_noise_rad)),
             confidence=float(np.clip(confidence, 0.0, 1.0)),
         )
 
@@ -237,12 +237,13 @@ class Cell:
         return newest[2]
 
     def _judge(self) -> StepResult:
-        limits, state = self.params.safety, self.true_state()
+        # Every step runs this: plain floats and views of MuJoCo's state, not a TrueState.
+        limits, q, v = self.params.safety, self.data.qpos, self.data.qvel
         force = self._pusher_contact_force()
         stop = None
-        if np.any(np.abs(state.pusher) > limits.joint_limit_m):
+        if max(abs(q[0]), abs(q[1])) > limits.joint_limit_m:
             stop = "joint_limit"
-        elif np.any(np.abs(state.pusher_velocity) > limits.speed_mps):
+        elif max(abs(v[0]), abs(v[1])) > limits.speed_mps:
             stop = "speed"
         elif force > limits.contact_force_n:
             stop = "contact_force"
@@ -250,10 +251,11 @@ class Cell:
             return StepResult(
                 done=True, safety_stop=stop, failure="safety_stop", contact_force_n=force
             )
-        if np.any(np.abs(state.part) > PART_LIMIT_M):
+        if max(abs(q[2]), abs(q[3])) > PART_LIMIT_M:
             return StepResult(done=True, failure="part_lost", contact_force_n=force)
-        settled = np.linalg.norm(state.part_velocity) < self.params.settle_speed_mps
-        on_target = np.linalg.norm(state.part - state.target) < self.params.success_tolerance_m
+        part_velocity, offset = v[2:4], q[2:4] - self.target
+        settled = np.sqrt(part_velocity.dot(part_velocity)) < self.params.settle_speed_mps
+        on_target = np.sqrt(offset.dot(offset)) < self.params.success_tolerance_m
         if on_target and settled:
             return StepResult(done=True, success=True, contact_force_n=force)
         if self.step_index >= self.params.max_steps:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -140,11 +141,22 @@ def draw_part(world: World, rng: np.random.Generator) -> PartVariant:
     return world.parts[int(rng.choice(len(world.parts), p=weights / weights.sum()))]
 
 
-def draw_latency(world: World, conditions: ShiftConditions, rng: np.random.Generator) -> int:
-    steps = list(world.latency.steps)
-    probs = np.array([world.latency.steps[s] for s in steps], dtype=float)
-    delay = int(steps[int(rng.choice(len(steps), p=probs / probs.sum()))])
-    return delay + (world.latency.load_extra_steps if conditions.under_load else 0)
+def latency_sampler(latency: Latency) -> Callable[[ShiftConditions, np.random.Generator], int]:
+    """A command's delay in steps, drawn from `latency` (plus its extra steps under load), with
+    the distribution's table built once: a cell draws a delay every step. The draw is the one
+    `Generator.choice(n, p=...)` makes, one uniform number against the normalized cumulative
+    distribution, so a stream gives the same delays as it did through `choice`."""
+    steps = [int(s) for s in latency.steps]
+    probs = np.array([latency.steps[s] for s in latency.steps], dtype=float)
+    cdf = (probs / probs.sum()).cumsum()
+    cdf /= cdf[-1]
+    extra = latency.load_extra_steps
+
+    def draw(conditions: ShiftConditions, rng: np.random.Generator) -> int:
+        delay = steps[int(cdf.searchsorted(rng.random(), side="right"))]
+        return delay + (extra if conditions.under_load else 0)
+
+    return draw
 
 
 def randomized(world: World, ranges, rng: np.random.Generator) -> World:

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from refcell.cell import Cell
-from refcell.world import load_world, randomized, shift_conditions
+from refcell.world import latency_sampler, load_world, randomized, shift_conditions
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +69,26 @@ def test_commands_arrive_late_on_the_line_and_later_under_load(worlds, params):
     assert all(q is not None and 1 <= q <= 3 for q in quiet)
     assert shift_conditions(line, 30, 100).under_load
     assert np.mean(loaded) > np.mean(quiet) + 0.5
+
+
+def test_the_delay_table_draws_what_generator_choice_drew(worlds):
+    """The cell draws a delay every step from a table built once per episode; a stream must
+    give the same delays it gave through `Generator.choice`, or recorded shifts would change."""
+    _, line = worlds
+    steps = list(line.latency.steps)
+    probs = np.array([line.latency.steps[s] for s in steps], dtype=float)
+    draw = latency_sampler(line.latency)
+    for load in (False, True):
+        conditions = shift_conditions(line, 30 if load else 0, 100)
+        assert conditions.under_load is load
+        ours, theirs = np.random.default_rng(5), np.random.default_rng(5)
+        drawn = [draw(conditions, ours) for _ in range(2000)]
+        extra = line.latency.load_extra_steps if load else 0
+        expected = [
+            int(steps[int(theirs.choice(len(steps), p=probs / probs.sum()))]) + extra
+            for _ in range(2000)
+        ]
+        assert drawn == expected and len(set(drawn)) == len(steps)
 
 
 def test_line_shows_part_variants_sim_never_shows(worlds, params):
