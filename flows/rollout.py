@@ -142,10 +142,10 @@ def await_health(
 ) -> dict:
     """Every `trials.poll_s`: `poll` (ingest what landed), then judge the canary's window;
     until it passed or failed, or `fleet.health_timeout_s` passed (then "timed out")."""
-    wanted = params.edge.health_episodes
+    wanted, most = params.edge.health_episodes, params.edge.health_max_episodes
     deadline = time.monotonic() + params.fleet.health_timeout_s
     artifacts.log(
-        f"{canary}: waiting for {wanted} production episodes of bundle {bundle_id} "
+        f"{canary}: waiting for {wanted}-{most} production episodes of bundle {bundle_id} "
         f"(health window; success floor {floor:.3f}, no safety stop)"
     )
     with progress_bar(progress) as update:
@@ -153,7 +153,7 @@ def await_health(
             time.sleep(max(0.0, min(params.trials.poll_s, deadline - time.monotonic())))
             poll()
             window = check_health(params, root, canary, bundle_id, floor)
-            update(f"health {canary}", window["episodes"], wanted)
+            update(f"health {canary}", window["episodes"], most)
             if window["state"] != health.OPEN:
                 return window
             if time.monotonic() >= deadline:
@@ -164,8 +164,10 @@ def await_health(
 @task(name="check-health", task_run_name="check health {canary}", **THIN)
 def check_health(params: Params, workspace: Path, canary: str, bundle_id: str, floor: float):
     dataset = workspace / params.ingest.dataset
-    wanted = params.edge.health_episodes
-    return health.check_health(dataset, canary, bundle_id, wanted, floor).as_dict()
+    edge = params.edge
+    return health.check_health(
+        dataset, canary, bundle_id, edge.health_episodes, floor, edge.health_max_episodes
+    ).as_dict()
 
 
 @task(

@@ -435,7 +435,7 @@ class CampaignParams:  # `realloop campaign`: the fleet over simulated days (doc
 class EdgeParams:
     """The box's runtime (edge/runtime.py) and its health check after each activation."""
 
-    # Production episodes after an activation that the health check judges (success rate
+    # Production episodes after an activation between the health check's looks (success rate
     # against the attested trial interval's lower end; a safety stop fails it at once).
     health_episodes: PositiveInt
     # Share of in-distribution steps the OOD score may flag: its threshold is this upper
@@ -449,6 +449,16 @@ class EdgeParams:
     # How far (m) a part's measured footprint may be from every part the policy trained on
     # before the box hands the episode to the fallback (the camera measures to about 2 mm).
     footprint_tolerance_m: Annotated[float, Field(gt=0.0)] = 0.005
+    # The health check's longest window: below the floor but not significantly, it grows by
+    # `health_episodes` up to this many episodes (pipelines.release.rollout.judge_counts).
+    health_max_episodes: PositiveInt = 60
+
+    def __post_init__(self) -> None:
+        if self.health_max_episodes < self.health_episodes:
+            raise ValueError(
+                f"edge.health_max_episodes {self.health_max_episodes} is below "
+                f"edge.health_episodes {self.health_episodes}: the window's first look"
+            )
 
 
 @dataclass(frozen=True, config=_STRICT)

@@ -1,11 +1,14 @@
 """Staged rollout: a model promoted on the canary cell reaches the rest of the fleet only after
 the canary's health window passed, judged from the canary's own uploaded logs.
 
-The window is the first `wanted` production episodes (no trial request) that the canary ran
-with the promoted bundle (`policy_version`), by start time. It passes when it is whole, holds
-no safety stop, and its success rate is not below the lower end of the candidate's trial
-interval (the gate's record). It fails as soon as a safety stop shows up or the floor can no
-longer be reached; until then it stays open.
+The window is the first production episodes (no trial request) that the canary ran with the
+promoted bundle (`policy_version`), by start time, looked at every `wanted` episodes up to
+`most`. At a look it passes when its success rate is not below the lower end of the
+candidate's trial interval (the gate's record, the floor). Below the floor, it fails when a
+one-sided exact binomial test says the model is below it (p < `alpha`), or at the last look;
+otherwise it grows to the next look: 20 episodes cannot tell a model a little above its floor
+from one well below it (docs/benchmarks.md, "The health window"). It fails at once at a safety
+stop, or when the floor can no longer be reached by the last look.
 """
 
 from __future__ import annotations
@@ -18,10 +21,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
+from scipy.stats import binomtest
 
 from pipelines.contract.schema import EPISODES_SCHEMA
 
 PASSED, FAILED, OPEN = "passed", "failed", "open"
+HEALTH_ALPHA = 0.05  # an early failure needs the window significantly below the floor
 # What the window needs of each episode: one narrow scan of the episodes files per poll.
 _SCAN_COLUMNS = (
     "episode_id",
@@ -39,12 +44,13 @@ class HealthWindow:
     """What the canary's first production episodes with the new version showed."""
 
     state: str  # PASSED, FAILED or OPEN
-    wanted: int  # episodes in a whole window (edge.health_episodes)
+    wanted: int  # episodes between looks (edge.health_episodes)
     episodes: int  # of the window seen so far
     successes: int
     safety_stops: int
     floor: float | None  # the lowest success rate that passes: the trial interval's lower end
     reason: str  # in words a reviewer can check against the episodes table
+    most: int | None = None  # the longest window (edge.health_max_episodes); None: `wanted`
 
     @property
     def success_rate(self) -> float | None:
@@ -86,45 +92,86 @@ def trial_floor(gate_record: dict[str, Any]) -> float:
         ) from None
 
 
-def judge_window(episodes: pa.Table, wanted: int, floor: float) -> HealthWindow:
-    """The window over the first `wanted` of `episodes` (earliest first, as
-    production_episodes returns them)."""
-    window = episodes.slice(0, max(wanted, 0))
-    successes = int(pc.sum(window.column("success")).as_py() or 0)
-    stops = int(pc.sum(window.column("safety_stops")).as_py() or 0)
-    return judge_counts(window.num_rows, successes, stops, wanted, floor)
+def judge_window(
+    episodes: pa.Table, wanted: int, floor: float, most: int | None = None
+) -> HealthWindow:
+    """The window over the first `most` of `episodes` (earliest first, as
+    production_episodes returns them), decided at the first look that decides, as the box
+    decides it episode by episode."""
+    most = most or wanted
+    looks = [*range(wanted, most, wanted), most] if wanted >= 1 else [0]
+    for end in [min(look, episodes.num_rows) for look in looks]:
+        window = episodes.slice(0, end)
+        successes = int(pc.sum(window.column("success")).as_py() or 0)
+        stops = int(pc.sum(window.column("safety_stops")).as_py() or 0)
+        judged = judge_counts(end, successes, stops, wanted, floor, most)
+        if judged.state != OPEN or end == episodes.num_rows:
+            break
+    return judged
 
 
 def judge_counts(
-    episodes: int, successes: int, safety_stops: int, wanted: int, floor: float | None
+    episodes: int,
+    successes: int,
+    safety_stops: int,
+    wanted: int,
+    floor: float | None,
+    most: int | None = None,
+    alpha: float = HEALTH_ALPHA,
 ) -> HealthWindow:
     """The health rule on a window's counts so far (the orchestrator's from the logs, the box's
-    as its episodes finish): failed at the first safety stop or once `floor` (None: no trial
-    interval, safety stops only) can no longer be reached; passed when whole and at or above it."""
-    if wanted < 1:
-        raise ValueError(f"health window: {wanted} episodes; it needs at least one")
-    needed = 0 if floor is None else math.ceil(floor * wanted - 1e-9)  # a whole window's
+    as its episodes finish), looked at every `wanted` episodes up to `most` (None: one look).
+    Failed at the first safety stop, or once `floor` (None: no trial interval, safety stops
+    only) can no longer be reached by the last look. At a look: passed at or above the floor;
+    below it, failed at the last look or when significantly below (exact binomial, one-sided,
+    p < `alpha`), else open until the next look."""
+    most = most or wanted
+    if wanted < 1 or most < wanted:
+        raise ValueError(f"health window: looks of {wanted} up to {most} episodes")
+    if floor is None:
+        most = wanted  # safety stops only: one look
+    low = 0.0 if floor is None else floor
+    needed = math.ceil(low * episodes - 1e-9)  # at or above the floor now
     bar = "no trial interval" if floor is None else f"trial lower bound {floor:.3f}"
+    look = min(max(math.ceil(episodes / wanted), 1) * wanted, most)  # the look it is in
     seen = (
         f"{successes}/{episodes} successes, {safety_stops} safety stops in {episodes} of "
-        f"{wanted} episodes"
+        f"{look} episodes"
     )
+    at_look = episodes >= most or (episodes > 0 and episodes % wanted == 0)
+    last_needed = math.ceil(low * most - 1e-9)  # by the last look
+    unreachable = successes + (most - episodes) < last_needed
     if safety_stops:
         state, why = FAILED, f"{safety_stops} safety stops (0 allowed)"
-    elif episodes >= wanted:
-        ok = successes >= needed
-        state = PASSED if ok else FAILED
-        why = f"success {successes / episodes:.3f} {'>=' if ok else '<'} {bar}"
-    elif successes + (wanted - episodes) < needed:
-        state, why = FAILED, f"{needed} of {wanted} successes needed, no longer reachable"
+    elif at_look and successes >= needed:
+        state, why = PASSED, f"success {successes / episodes:.3f} >= {bar}"
+    elif episodes >= most:
+        state, why = FAILED, f"success {successes / episodes:.3f} < {bar}"
+    elif unreachable:
+        state, why = FAILED, f"{last_needed} of {most} successes needed, no longer reachable"
+    elif not at_look:
+        state, why = OPEN, f"{last_needed} of {most} successes needed by the last look"
     else:
-        state, why = OPEN, f"{needed} of {wanted} successes needed"
+        p = binomtest(successes, episodes, low, alternative="less").pvalue
+        below = p < alpha
+        state = FAILED if below else OPEN
+        why = f"success {successes / episodes:.3f} < {bar}, " + (
+            f"significantly (p {p:.3f} < {alpha})"
+            if below
+            else f"not significantly (p {p:.3f}): watching to {min(episodes + wanted, most)}"
+        )
     reason = f"health window {state}: {seen}; {why}"
-    return HealthWindow(state, wanted, episodes, successes, safety_stops, floor, reason)
+    return HealthWindow(state, wanted, episodes, successes, safety_stops, floor, reason, most)
 
 
 def check_health(
-    dataset: Path, cell_id: str, policy_version: str, wanted: int, floor: float
+    dataset: Path,
+    cell_id: str,
+    policy_version: str,
+    wanted: int,
+    floor: float,
+    most: int | None = None,
 ) -> HealthWindow:
     """The canary's window as the episodes table has it now."""
-    return judge_window(production_episodes(dataset, cell_id, policy_version), wanted, floor)
+    episodes = production_episodes(dataset, cell_id, policy_version)
+    return judge_window(episodes, wanted, floor, most)

@@ -1,8 +1,11 @@
 """The box's health check after each activation: does the new model hold up in production?
 
-A safety stop in any of the first `edge.health_episodes` production episodes fails the check
-at once; after the last of them, a success rate below the lower end of the model's attested
-trial interval (what the gate saw on this cell) fails it. Either rolls the box back
+A safety stop in the window fails the check at once. Every `edge.health_episodes` production
+episodes the box looks at the success rate against the lower end of the model's attested
+trial interval (what the gate saw on this cell): at or above it the check passes; below it,
+the check fails when the rate is significantly below (exact binomial, p < 0.05) or at the
+last look (`edge.health_max_episodes`), and otherwise watches the next episodes
+(pipelines.release.rollout.judge_counts). A failure rolls the box back
 (refcell.process.edgebox). A model without a trial interval (the first one a cell got,
 `deploy --initial`) is judged on safety stops alone.
 """
@@ -23,8 +26,9 @@ class HealthWindow:
     same rule as the orchestrator's canary window (pipelines.release.rollout.judge_counts)."""
 
     bundle_id: str
-    episodes_wanted: int
+    episodes_wanted: int  # between looks
     lower_bound: float | None  # the attested trial interval's lower end, if there is one
+    episodes_most: int | None = None  # the longest window (None: one look)
     episodes: int = 0
     successes: int = 0
     safety_stops: int = 0
@@ -38,7 +42,12 @@ class HealthWindow:
         self.successes += success
         self.safety_stops += safety_stop is not None
         judged = judge_counts(
-            self.episodes, self.successes, self.safety_stops, self.episodes_wanted, self.lower_bound
+            self.episodes,
+            self.successes,
+            self.safety_stops,
+            self.episodes_wanted,
+            self.lower_bound,
+            self.episodes_most,
         )
         if judged.state == PASSED:
             self.verdict = "passed"
@@ -53,6 +62,7 @@ class HealthWindow:
             "bundle_id": self.bundle_id,
             "episodes": self.episodes,
             "episodes_wanted": self.episodes_wanted,
+            "episodes_most": self.episodes_most,
             "successes": self.successes,
             "safety_stops": self.safety_stops,
             "lower_bound": self.lower_bound,

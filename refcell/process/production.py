@@ -5,9 +5,10 @@ closed at rotation), and every closed file is uploaded with its captures after t
 that closed it. The hidden `.groundtruth/<shift_id>.jsonl` (the true cause of each failure, by
 counterfactual replay) stays on the box for tests.
 
-After each activation the first `edge.health_episodes` production episodes are the new
-model's health window (refcell.process.health): a failure rolls the box back and leaves a
-`rollback` capture on the episode that decided it, uploaded with its log.
+After each activation the new model's first production episodes are its health window
+(refcell.process.health; looked at every `edge.health_episodes`, up to
+`edge.health_max_episodes`): a failure rolls the box back and leaves a `rollback` capture on
+the episode that decided it, uploaded with its log.
 """
 
 from __future__ import annotations
@@ -87,8 +88,13 @@ class Production:
         if self.edge_params is None or self.roll_back is None:
             return
         if self.health is None or self.health.bundle_id != model.bundle_id:
-            wanted = self.edge_params.health_episodes
-            self.health = HealthWindow(model.bundle_id, wanted, model.lower_bound)
+            edge = self.edge_params
+            self.health = HealthWindow(
+                model.bundle_id,
+                edge.health_episodes,
+                model.lower_bound,
+                episodes_most=edge.health_max_episodes,
+            )
         reason = self.health.record(result.success, result.safety_stop)
         if reason is None:
             return

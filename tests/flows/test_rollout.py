@@ -304,7 +304,7 @@ def fleet_cycle(tmp_path: Path, failing: bool) -> tuple[dict, dict, dict]:
     raw = yaml.safe_load(small_params(workspace).read_text())
     raw["fleet"].update(cells=[CANARY, "cell-08"], canary=CANARY, health_timeout_s=600)
     raw["promote"].update(require_approval=True, approval_timeout_s=600)
-    raw["edge"]["health_episodes"] = 4
+    raw["edge"].update(health_episodes=4, health_max_episodes=4)  # the canary's shift: one look
     raw["gate"]["margin"] = 0.5  # 6 trial episodes per arm: the candidate passes, as intended here
     (workspace / "params.yaml").write_text(yaml.safe_dump(raw))
     copy_pipeline(workspace, code=False)

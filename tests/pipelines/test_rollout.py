@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
@@ -99,3 +100,52 @@ def test_the_floor_is_the_candidates_trial_lower_bound():
     assert rollout.trial_floor(record) == 0.62
     with pytest.raises(ValueError, match="no candidate trial interval"):
         rollout.trial_floor({"passed": True})
+
+
+def test_a_window_a_little_below_its_floor_watches_more_before_it_decides():
+    # Seed 17's cell-09 day-10 model: 17 of 20 against a floor of 0.882. One look at 20
+    # episodes rolled it back; it placed 95.3 held out.
+    first = rollout.judge_counts(20, 17, 0, wanted=20, floor=0.882, most=60)
+    assert first.state == "open" and "not significantly" in first.reason
+    assert rollout.judge_counts(20, 17, 0, wanted=20, floor=0.882).state == "failed"  # one look
+    assert rollout.judge_counts(30, 27, 0, wanted=20, floor=0.882, most=60).state == "open"
+    second = rollout.judge_counts(40, 36, 0, wanted=20, floor=0.882, most=60)
+    assert second.state == "passed" and second.most == 60
+
+
+def test_a_window_well_below_its_floor_fails_at_the_first_look_and_any_below_it_at_the_last():
+    early = rollout.judge_counts(20, 14, 0, wanted=20, floor=0.882, most=60)
+    assert early.state == "failed" and "significantly (p 0.0" in early.reason
+    last = rollout.judge_counts(60, 52, 0, wanted=20, floor=0.882, most=60)  # 0.867
+    assert last.state == "failed" and "< trial lower bound 0.882" in last.reason
+    # A floor the last look can no longer reach fails as soon as that is so.
+    hopeless = rollout.judge_counts(25, 15, 0, wanted=20, floor=0.882, most=60)
+    assert hopeless.state == "failed" and "53 of 60 successes needed" in hopeless.reason
+
+
+def test_the_orchestrator_decides_a_table_at_its_first_deciding_look_as_the_box_does():
+    # 17/20 (open), then 20 straight successes: passed at 40, whatever came after.
+    rows = [{"success": i >= 3} for i in range(20)] + [{"success": True}] * 20
+    rows += [{"success": False, "safety_stops": 1}] * 5
+    window = rollout.judge_window(episodes(rows), wanted=20, floor=0.882, most=60)
+    assert (window.state, window.episodes, window.successes) == ("passed", 40, 37)
+    partial = rollout.judge_window(episodes(rows[:30]), wanted=20, floor=0.882, most=60)
+    assert (partial.state, partial.episodes) == ("open", 30)
+
+
+def test_the_longest_window_is_at_least_the_first_look(params):
+    with pytest.raises(ValueError, match="health_max_episodes 10 is below"):
+        dataclasses.replace(params.edge, health_episodes=20, health_max_episodes=10)
+
+
+def test_the_health_bench_sums_the_rules_exact_probabilities():
+    from bench.health import operating_point
+
+    # One look of 4 at floor 0.75 fails below 3 of 4: P(Bin(4, 0.5) < 3) = 11/16.
+    one = operating_point(0.5, 0.75, wanted=4, most=4)
+    assert one["rollback"] == pytest.approx(11 / 16, abs=1e-4)
+    # A perfect model is never rolled back, and passes at the first look.
+    assert operating_point(0.999999, 0.75, 20, 60) == {"rollback": 0.0, "mean_episodes": 20.0}
+    # Watching longer rolls back fewer models a little above their floor.
+    good_one = operating_point(0.91, 0.882, 20, 20)["rollback"]
+    assert operating_point(0.91, 0.882, 20, 60)["rollback"] < good_one / 2

@@ -219,6 +219,19 @@ def test_the_health_window_fails_at_a_safety_stop_or_below_the_interval_else_pas
     assert unattested.record(False, None) is None and unattested.verdict == "passed"
 
 
+def test_the_box_watches_a_window_a_little_below_its_floor_before_it_rolls_back():
+    doubtful = HealthWindow("b-6", 4, lower_bound=0.8, episodes_most=8)
+    assert [doubtful.record(s, None) for s in (True, True, True, False)] == [None] * 4
+    assert doubtful.verdict is None  # 3 of 4 is below 0.8, but not significantly
+    assert [doubtful.record(True, None) for _ in range(4)] == [None] * 4
+    assert doubtful.verdict == "passed"  # 7 of 8
+    assert doubtful.as_record()["episodes_most"] == 8
+    short = HealthWindow("b-7", 4, lower_bound=0.8, episodes_most=8)
+    reasons = [short.record(s, None) for s in (True, True, True, False, True, False)]
+    assert reasons[:-1] == [None] * 5  # a second failure: 7 of 8 can no longer be reached
+    assert "4/6 successes" in reasons[-1] and "7 of 8 successes needed" in reasons[-1]
+
+
 def test_the_lower_bound_is_read_from_the_attestation(tmp_path):
     model = tmp_path / "model.safetensors"
     model.write_bytes(b"weights")
@@ -237,4 +250,5 @@ def test_edge_params_are_in_params_yaml(params):
         "min_confidence",
         "fallback",
         "footprint_tolerance_m",
+        "health_max_episodes",
     }
